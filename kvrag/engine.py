@@ -1,0 +1,430 @@
+"""The engine: deposit verified states, and answer with them grafted at their own positions.
+
+A generation walks the prompt's schedule (see `kvrag.prompt`). For each context segment it looks
+up the state whose key is that segment's content address (model fingerprint, parent key, token
+ids): a state that passes every check is grafted, anything else is re-read as text in the same
+segment. Because the text path feeds the same ids in the same segments, on the same hardware its
+bytes equal the graft's; graft and fallback differ in time, never in answer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from kvrag.artifact import (
+    DepositReceipt,
+    StateManifest,
+    decode_payload,
+    encode_payload,
+    parse_manifest,
+    sha256_hex,
+    state_key,
+)
+from kvrag.errors import (
+    ContextTooLongError,
+    ForeignStateError,
+    IntegrityError,
+    InputError,
+    StateError,
+    StateNotFoundError,
+    VerificationError,
+)
+from kvrag.fingerprints import HardwareFingerprint, hardware_fingerprint
+from kvrag.kvcache import LayerSpec, StatePart, append_parts, extract_segment, layer_specs, new_cache
+from kvrag.models import LoadedModel
+from kvrag.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
+from kvrag.receipt import Receipt, StateUse, Timings
+from kvrag.stores import StateStore, open_store
+
+__all__ = ["KVEngine", "StateRef", "Generation", "CANARY_QUESTION", "logits_sha256"]
+
+#: The fixed probe run after every deposit: its logits after the graft must equal a fresh run's.
+CANARY_QUESTION = "Which words of the text above matter most?"
+
+
+class StateRef(BaseModel):
+    """A JSON-safe handle on a deposited state: enough to graft it, or to re-read its text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    parent_key: str | None
+    start: int
+    token_count: int
+    text: str
+    model_fingerprint: str
+
+
+@dataclass
+class Generation:
+    """An answer, its token ids, its receipt, and the first token's logits (for verification)."""
+
+    text: str
+    tokens: list[int]
+    receipt: Receipt
+    first_token_logits: torch.Tensor = field(repr=False)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    text: str
+    ids: list[int]
+    key: str
+    parent_key: str | None
+    start: int
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.ids)
+
+
+def logits_sha256(logits: torch.Tensor) -> str:
+    """SHA-256 of a logits tensor's bytes, exactly as computed (dtype kept)."""
+    return sha256_hex(logits.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+
+
+class KVEngine:
+    """Deposit documents as verified KV states; generate with them grafted.
+
+        >>> engine = KVEngine(load_model("tiny-random-llama"), "memory://")
+        >>> ref = engine.deposit("Paris is the capital of France.")
+        >>> engine.generate("What is the capital of France?", states=[ref]).receipt.mode
+        'exact-graft'
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        store: StateStore | str | None = None,
+        *,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+    ) -> None:
+        self.model = model
+        self.store = store if isinstance(store, StateStore) else open_store(store)
+        self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt)
+        self._specs: list[LayerSpec] = layer_specs(model.hf_model)
+
+    # ----------------------------------------------------------------- planning
+    @property
+    def fingerprint(self) -> str:
+        return self.model.fingerprint.digest
+
+    def hardware(self) -> HardwareFingerprint:
+        return hardware_fingerprint(self.model.device)
+
+    def plan(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[_Segment]:
+        """The segments (ids, keys, positions) for documents read in order, optionally after a chain."""
+        segments: list[_Segment] = []
+        parent = after.key if after else None
+        start = after.start + after.token_count if after else 0
+        for text in texts:
+            ids = self.layout.segment_ids(text, first=parent is None)
+            segment = _Segment(text, ids, state_key(self.fingerprint, parent, ids), parent, start)
+            segments.append(segment)
+            parent, start = segment.key, segment.end
+        self._check_length(start)
+        return segments
+
+    def ref(self, text: str, *, after: StateRef | None = None) -> StateRef:
+        """The ref a deposit of `text` would return, without computing or storing anything."""
+        self._check_after(after)
+        return self._ref(self.plan([text], after=after)[0])
+
+    def _ref(self, segment: _Segment) -> StateRef:
+        return StateRef(
+            key=segment.key,
+            parent_key=segment.parent_key,
+            start=segment.start,
+            token_count=len(segment.ids),
+            text=segment.text,
+            model_fingerprint=self.fingerprint,
+        )
+
+    def _check_length(self, positions: int) -> None:
+        limit = self.model.max_positions
+        if positions > limit:
+            raise ContextTooLongError(
+                f"the prompt needs {positions} positions but {self.model.name} has {limit}; "
+                "pass fewer or shorter documents"
+            )
+
+    def _check_after(self, after: StateRef | None) -> None:
+        if after is not None and after.model_fingerprint != self.fingerprint:
+            raise ForeignStateError(
+                f"state {after.key[:12]} was deposited with another model (fingerprint "
+                f"{after.model_fingerprint[:12]}, this engine's is {self.fingerprint[:12]}); "
+                "deposit the chain again with this model"
+            )
+
+    # ------------------------------------------------------------------ compute
+    def _forward(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
+        """One segment in one forward call; returns the last position's logits."""
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
+        with torch.inference_mode():
+            out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+    def _canary_ids(self) -> list[int]:
+        return self.layout.question_ids(CANARY_QUESTION)
+
+    # ----------------------------------------------------------------- deposit
+    def deposit(self, text: str, *, after: StateRef | None = None) -> StateRef:
+        """Read `text` once, verify the state against a fresh computation, and store it.
+
+        The state continues `after` (a chain) or starts at the prompt prefix. Idempotent: a state
+        already stored under the same key is returned without recomputing. Raises `InputError`s
+        for unusable text, `StateError`s for a foreign or missing parent, and `VerificationError`
+        if the grafted state does not reproduce the fresh logits (nothing is stored then).
+        """
+        self._check_after(after)
+        segment = self.plan([text], after=after)[0]
+        ancestors = self._ancestors(after)
+        try:
+            self._load(segment)
+            return self._ref(segment)
+        except StateError:
+            pass
+        began = time.perf_counter()
+        canary = self._canary_ids()
+        self._check_length(segment.end + len(canary))
+
+        # Fresh computation: every segment of the chain from scratch, in the same schedule.
+        fresh = new_cache(self.model.hf_model)
+        for ids in [m.token_ids for m in ancestors] + [segment.ids]:
+            self._forward(ids, fresh)
+        layers, tensors = extract_segment(fresh, segment.start, segment.end)
+        fresh_sha = logits_sha256(self._forward(canary, fresh))
+        compute_ms = (time.perf_counter() - began) * 1e3
+
+        payload = encode_payload(tensors)
+        del tensors, fresh
+        unverified = StateManifest(
+            key=segment.key,
+            parent_key=segment.parent_key,
+            model_fingerprint=self.model.fingerprint,
+            hardware_fingerprint=self.hardware(),
+            token_ids=segment.ids,
+            text_sha256=sha256_hex(text.encode()),
+            start=segment.start,
+            token_count=len(segment.ids),
+            layers=layers,
+            payload_sha256=sha256_hex(payload),
+            payload_bytes=len(payload),
+            deposit=DepositReceipt(
+                canary_token_ids=canary,
+                canary_logits_sha256="",
+                fresh_logits_sha256=fresh_sha,
+                verified=False,
+                compute_ms=compute_ms,
+            ),
+        )
+        # Graft check: the stored parents plus this state's bytes, round-tripped, must reproduce it.
+        parts = [self._load_manifest_part(m) for m in ancestors]
+        parts.append(self._part(unverified, decode_payload(payload, unverified)))
+        grafted = new_cache(self.model.hf_model)
+        append_parts(grafted, parts, self.model.device)
+        graft_sha = logits_sha256(self._forward(canary, grafted))
+        if graft_sha != fresh_sha:
+            raise VerificationError(
+                f"state {segment.key[:12]} did not reproduce a fresh computation (canary logits "
+                f"{graft_sha[:12]} != {fresh_sha[:12]}); nothing was stored. Check that the model "
+                "runs deterministically on this device"
+            )
+        deposit = unverified.deposit.model_copy(update={"canary_logits_sha256": graft_sha, "verified": True})
+        manifest = unverified.model_copy(update={"deposit": deposit})
+        self.store.put(segment.key, manifest.to_json_bytes(), payload)
+        return self._ref(segment)
+
+    def deposit_chain(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[StateRef]:
+        """Deposit documents as one chain, each state continuing the previous one."""
+        refs: list[StateRef] = []
+        for text in texts:
+            after = self.deposit(text, after=after)
+            refs.append(after)
+        return refs
+
+    def _ancestors(self, after: StateRef | None) -> list[StateManifest]:
+        """The manifests of `after`'s chain, root first, each checked as it would be for a graft."""
+        chain: list[StateManifest] = []
+        key = after.key if after else None
+        while key is not None:
+            manifest = self._checked_manifest(key)
+            chain.append(manifest)
+            key = manifest.parent_key
+        chain.reverse()
+        return chain
+
+    # ----------------------------------------------------------------- restore
+    def _checked_manifest(self, key: str, expect: _Segment | None = None) -> StateManifest:
+        raw = self.store.get_manifest(key)
+        if raw is None:
+            raise StateNotFoundError(f"no state {key[:12]} in {self.store.url}")
+        manifest = parse_manifest(raw)
+        if manifest.key != key:
+            raise IntegrityError(f"state {key[:12]}: manifest is for another key ({manifest.key[:12]})")
+        if not manifest.model_fingerprint.matches(self.model.fingerprint):
+            raise ForeignStateError(
+                f"state {key[:12]} was made by another model ({manifest.model_fingerprint.name}, "
+                f"fingerprint {manifest.model_fingerprint.digest[:12]}); this engine runs "
+                f"{self.model.fingerprint.name} ({self.fingerprint[:12]})"
+            )
+        if not manifest.hardware_fingerprint.matches(self.hardware()):
+            raise ForeignStateError(
+                f"state {key[:12]} was computed on other hardware or kernels "
+                f"({manifest.hardware_fingerprint.device_name}, {manifest.hardware_fingerprint.cpu_capability}, "
+                f"{manifest.hardware_fingerprint.num_threads} threads); it cannot graft exactly here"
+            )
+        if state_key(self.fingerprint, manifest.parent_key, manifest.token_ids) != key:
+            raise IntegrityError(f"state {key[:12]}: key does not match its tokens and parent")
+        if expect is not None and (
+            manifest.parent_key != expect.parent_key or manifest.start != expect.start or manifest.token_ids != expect.ids
+        ):
+            raise ForeignStateError(f"state {key[:12]} belongs to another chain or position")
+        if not manifest.deposit.verified or manifest.deposit.canary_logits_sha256 != manifest.deposit.fresh_logits_sha256:
+            raise IntegrityError(f"state {key[:12]} was never verified at deposit")
+        self._check_layers(manifest)
+        return manifest
+
+    def _check_layers(self, manifest: StateManifest) -> None:
+        if len(manifest.layers) != len(self._specs):
+            raise IntegrityError(f"state {manifest.key[:12]} has {len(manifest.layers)} layers, the model {len(self._specs)}")
+        for index, (entry, spec) in enumerate(zip(manifest.layers, self._specs)):
+            if entry.kind != spec.kind or entry.window != spec.window:
+                raise IntegrityError(f"state {manifest.key[:12]}: layer {index} is {entry.kind}, the model's is {spec.kind}")
+            if entry.kind == "full":
+                ok = entry.first_position == manifest.start and entry.length == manifest.token_count
+            else:
+                held = min(manifest.end, (spec.window or 1) - 1)
+                ok = entry.length == held and entry.first_position == manifest.end - held
+            if not ok or entry.key_shape[2] != entry.length or entry.value_shape[2] != entry.length:
+                raise IntegrityError(
+                    f"state {manifest.key[:12]}: layer {index} holds positions that do not fit its segment; "
+                    "a sliding window state must hold exactly its window's tail"
+                )
+
+    def _part(self, manifest: StateManifest, tensors: dict[str, torch.Tensor]) -> StatePart:
+        return StatePart(manifest.start, manifest.end, manifest.layers, tensors)
+
+    def _load_manifest_part(self, manifest: StateManifest) -> StatePart:
+        payload = self.store.get_payload(manifest.key)
+        if payload is None:
+            raise StateNotFoundError(f"state {manifest.key[:12]}: payload is missing from {self.store.url}")
+        return self._part(manifest, decode_payload(payload, manifest))
+
+    def _load(self, segment: _Segment) -> StatePart:
+        return self._load_manifest_part(self._checked_manifest(segment.key, segment))
+
+    def restore(self, ref: StateRef) -> StatePart:
+        """Fetch and check one state; raises a `StateError` saying why it cannot be grafted."""
+        self._check_after(ref)
+        segment = self.plan([ref.text], after=None)[0] if ref.parent_key is None else None
+        return self._load_manifest_part(self._checked_manifest(ref.key, segment))
+
+    # ----------------------------------------------------------------- generate
+    def generate(
+        self,
+        query: str,
+        *,
+        states: Sequence[StateRef | str] | None = None,
+        max_new_tokens: int = 64,
+        deposit_missing: bool = False,
+    ) -> Generation:
+        """Answer `query` after the documents in `states`, grafting every state that checks out.
+
+        `states` are refs from `deposit` (or plain document texts), in prompt order. A state is
+        grafted only at its own position after its own chain; a ref placed elsewhere, or a state
+        that is missing, damaged or foreign, is re-read as text and the receipt says why. With
+        `deposit_missing`, the chain is deposited afterwards so the next identical ask grafts.
+        """
+        if max_new_tokens < 1:
+            raise InputError("max_new_tokens must be at least 1")
+        began = time.perf_counter()
+        requested = list(states or [])
+        texts = [r.text if isinstance(r, StateRef) else r for r in requested]
+        segments = self.plan(texts)
+        question = self.layout.question_ids(query)
+        prompt_len = (segments[-1].end if segments else 0) + len(question)
+        if not segments:
+            question = list(self.layout.prefix_ids) + question
+            prompt_len = len(question)
+        self._check_length(prompt_len)
+
+        cache = new_cache(self.model.hf_model)
+        uses: list[StateUse] = []
+        pending: list[StatePart] = []
+        restore_s = prefill_s = 0.0
+        reused = prefilled = 0
+        for segment, req in zip(segments, requested):
+            requested_key = req.key if isinstance(req, StateRef) and req.key != segment.key else None
+            t = time.perf_counter()
+            try:
+                pending.append(self._load(segment))
+                restore_s += time.perf_counter() - t
+                reused += len(segment.ids)
+                uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="graft", tier=self.store.url, requested_key=requested_key))
+                continue
+            except StateError as e:
+                restore_s += time.perf_counter() - t
+                reason, detail = e.reason, str(e)
+            if requested_key is not None:
+                reason = "moved"
+                detail = (f"state {requested_key[:12]} was deposited at positions {req.start}..{req.start + req.token_count}"
+                          f" after {'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; "
+                          f"here it is needed at {segment.start}..{segment.end}, so it is re-read as text. {detail}")
+            t = time.perf_counter()
+            append_parts(cache, pending, self.model.device)
+            pending = []
+            restore_s += time.perf_counter() - t
+            t = time.perf_counter()
+            self._forward(segment.ids, cache)
+            prefill_s += time.perf_counter() - t
+            prefilled += len(segment.ids)
+            uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="text", reason=reason, detail=detail, requested_key=requested_key))
+        t = time.perf_counter()
+        append_parts(cache, pending, self.model.device)
+        restore_s += time.perf_counter() - t
+
+        t = time.perf_counter()
+        logits = self._forward(question, cache)
+        prefill_s += time.perf_counter() - t
+        prefilled += len(question)
+        tokens = [int(torch.argmax(logits))]
+        ttft_s = time.perf_counter() - began
+        first_logits = logits.clone()
+
+        t = time.perf_counter()
+        limit = min(max_new_tokens, self.model.max_positions - prompt_len)
+        while len(tokens) < limit and tokens[-1] not in self.layout.stop_ids:
+            tokens.append(int(torch.argmax(self._forward([tokens[-1]], cache))))
+        decode_s = time.perf_counter() - t
+
+        grafted = sum(u.source == "graft" for u in uses)
+        mode = "text-prefill" if grafted == 0 else "exact-graft" if grafted == len(uses) else "partial-graft"
+        receipt = Receipt(
+            mode=mode,
+            exact=True,
+            states=uses,
+            tokens_reused=reused,
+            tokens_prefilled=prefilled,
+            decode_tokens=len(tokens),
+            timings=Timings(
+                restore_ms=restore_s * 1e3,
+                prefill_ms=prefill_s * 1e3,
+                ttft_ms=ttft_s * 1e3,
+                decode_ms=decode_s * 1e3,
+                total_ms=(time.perf_counter() - began) * 1e3,
+            ),
+            first_token_logits_sha256=logits_sha256(first_logits),
+            model_fingerprint=self.fingerprint,
+            hardware_fingerprint=self.hardware().digest,
+        )
+        if deposit_missing and texts and any(u.source != "graft" for u in uses):
+            self.deposit_chain(texts)
+        answer_ids = [tok for tok in tokens if tok not in self.layout.stop_ids]
+        text = self.model.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
+        return Generation(text=text, tokens=tokens, receipt=receipt, first_token_logits=first_logits)
