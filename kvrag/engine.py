@@ -332,6 +332,7 @@ class KVEngine:
         *,
         states: Sequence[StateRef | str] | None = None,
         max_new_tokens: int = 64,
+        graft: bool = True,
         deposit_missing: bool = False,
     ) -> Generation:
         """Answer `query` after the documents in `states`, grafting every state that checks out.
@@ -339,6 +340,7 @@ class KVEngine:
         `states` are refs from `deposit` (or plain document texts), in prompt order. A state is
         grafted only at its own position after its own chain; a ref placed elsewhere, or a state
         that is missing, damaged or foreign, is re-read as text and the receipt says why. With
+        `graft=False` every document is re-read as text (the text-RAG arm of a comparison). With
         `deposit_missing`, the chain is deposited afterwards so the next identical ask grafts.
         """
         if max_new_tokens < 1:
@@ -363,6 +365,8 @@ class KVEngine:
             requested_key = req.key if isinstance(req, StateRef) and req.key != segment.key else None
             t = time.perf_counter()
             try:
+                if not graft:
+                    raise StateError("grafting was turned off for this generation")
                 pending.append(self._load(segment))
                 restore_s += time.perf_counter() - t
                 reused += len(segment.ids)
@@ -370,8 +374,8 @@ class KVEngine:
                 continue
             except StateError as e:
                 restore_s += time.perf_counter() - t
-                reason, detail = e.reason, str(e)
-            if requested_key is not None:
+                reason, detail = (e.reason if graft else "graft-off"), str(e)
+            if requested_key is not None and graft:
                 reason = "moved"
                 detail = (f"state {requested_key[:12]} was deposited at positions {req.start}..{req.start + req.token_count}"
                           f" after {'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; "

