@@ -38,11 +38,13 @@ def sample_questions() -> list[SampleQuestion]:
     return [SampleQuestion(q["id"], q["question"], tuple(q["answers"]), q.get("doc_id")) for q in _jsonl("questions.jsonl")]
 
 
-def verification_pairs(count: int) -> list[tuple[str, str]]:
+def verification_pairs(count: int, tokenizer: Any = None, max_doc_tokens: int = 1024) -> list[tuple[str, str]]:
     """`count` (document, question) pairs of varied lengths: one sentence up to three documents.
 
     Lengths cycle through five sizes so that every run includes documents shorter and longer than
-    a small sliding window, and the same `count` always gives the same pairs.
+    a small sliding window, and the same `count` always gives the same pairs. With a `tokenizer`,
+    documents are cut at a sentence boundary to at most `max_doc_tokens` tokens, which keeps a
+    byte-level tokenizer's prompts (one token per byte) about as long as a BPE tokenizer's.
     """
     docs = sample_docs()
     by_id = {d.id: i for i, d in enumerate(docs)}
@@ -60,8 +62,16 @@ def verification_pairs(count: int) -> list[tuple[str, str]]:
         elif size >= 3:
             extra = size - 2
             text = "\n".join([text] + [docs[(first + k) % len(docs)].text for k in range(1, extra + 1)])
+        if tokenizer is not None:
+            text = _cut_to_tokens(tokenizer, text, max_doc_tokens)
         pairs.append((text, q.question))
     return pairs
+
+
+def _cut_to_tokens(tokenizer: Any, text: str, limit: int) -> str:
+    while len(tokenizer(text, add_special_tokens=False)["input_ids"]) > limit and ". " in text:
+        text = text.rsplit(". ", 1)[0] + "."
+    return text
 
 
 def long_document(tokenizer: Any, tokens: int) -> str:

@@ -97,7 +97,7 @@ def verify_model(
     fresh_tally, mono_tally = _Tally(), _Tally()
     fallback_exact = 0
     lengths: list[int] = []
-    for index, (document, question) in enumerate(verification_pairs(samples)):
+    for index, (document, question) in enumerate(verification_pairs(samples, model.tokenizer)):
         ref = engine.deposit(document)
         graft = engine.generate(question, states=[ref], max_new_tokens=1)
         if graft.receipt.mode != "exact-graft":

@@ -1,0 +1,64 @@
+"""kvrag: a language model's computed state as reusable, verified knowledge.
+
+    >>> import kvrag
+    >>> engine = kvrag.KVEngine(kvrag.load_model("smollm2-135m"))     # default disk store
+    >>> ref = engine.deposit("The lighthouse at Varrow Point was built in 1871 by Mara Quill.")
+    >>> answer = engine.generate("Who built the lighthouse?", states=[ref])
+    >>> answer.text, answer.receipt.mode                              # doctest: +SKIP
+    ('Mara Quill built it.', 'exact-graft')
+"""
+
+from kvrag.artifact import StateManifest
+from kvrag.engine import Generation, KVEngine, StateRef
+from kvrag.errors import (
+    ContextTooLongError,
+    EmptyTextError,
+    ForeignStateError,
+    InputError,
+    IntegrityError,
+    KVRagError,
+    ModelError,
+    StateError,
+    StateNotFoundError,
+    StoreError,
+    VerificationError,
+)
+from kvrag.fingerprints import HardwareFingerprint, ModelFingerprint, hardware_fingerprint
+from kvrag.models import LoadedModel, load_model
+from kvrag.receipt import Receipt, StateUse, Timings
+from kvrag.stores import DiskStore, MemoryStore, StateStore, open_store
+from kvrag.verify import VerifyReport, verify_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "load_model",
+    "LoadedModel",
+    "KVEngine",
+    "StateRef",
+    "Generation",
+    "Receipt",
+    "StateUse",
+    "Timings",
+    "StateManifest",
+    "ModelFingerprint",
+    "HardwareFingerprint",
+    "hardware_fingerprint",
+    "open_store",
+    "StateStore",
+    "DiskStore",
+    "MemoryStore",
+    "verify_model",
+    "VerifyReport",
+    "KVRagError",
+    "InputError",
+    "EmptyTextError",
+    "ContextTooLongError",
+    "ModelError",
+    "StateError",
+    "StateNotFoundError",
+    "IntegrityError",
+    "ForeignStateError",
+    "VerificationError",
+    "StoreError",
+]

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from kvrag import KVEngine, LoadedModel, MemoryStore, load_model  # noqa: E402
+from kvrag.tiny import TINY_FAMILIES  # noqa: E402
+
+FAMILIES = sorted(TINY_FAMILIES)
+DTYPES = ["float32", "bfloat16"]
+ATTNS = ["sdpa", "eager"]
+
+DOC_A = (
+    "The lighthouse at Varrow Point was built in 1871 by the engineer Mara Quill. The tower is 38 metres tall "
+    "and made of grey granite quarried at Holm. Its first lamp burned whale oil and could be seen far out at sea."
+)
+DOC_B = "In 1904 the lamp was converted to kerosene, and in 1952 it was electrified. The last keeper retired in 1988."
+DOC_C = "Today the tower is a museum. Visitors climb 212 steps to the lantern room, where the Fresnel lens remains."
+QUESTION = "Who built the lighthouse?"
+
+
+@lru_cache(maxsize=None)
+def tiny(family: str, dtype: str = "float32", attn: str = "sdpa") -> LoadedModel:
+    return load_model(f"tiny-random-{family}", dtype=dtype, attn=attn)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LoadedModel:
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture
+def llama_engine() -> KVEngine:
+    return KVEngine(tiny("llama"), MemoryStore())

@@ -1,0 +1,59 @@
+import mmap
+
+import pytest
+
+from kvrag import DiskStore, KVEngine, MemoryStore, StoreError, open_store
+
+from .conftest import DOC_A, QUESTION, tiny
+
+KEY = "ab" + "0" * 62
+
+
+def test_open_store_by_url(tmp_path):
+    assert isinstance(open_store("memory://"), MemoryStore)
+    disk = open_store(f"disk://{tmp_path}")
+    assert isinstance(disk, DiskStore) and disk.root == tmp_path
+    for bad in ("nothing", "ftp://x", "disk://"):
+        with pytest.raises(StoreError):
+            open_store(bad)
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_invalid_keys_are_refused(kind, tmp_path):
+    store = MemoryStore() if kind == "memory" else DiskStore(tmp_path)
+    for key in ("../etc/passwd", "ABC", "a" * 63):
+        with pytest.raises(StoreError):
+            store.get_manifest(key)
+
+
+def test_disk_store_writes_atomically_and_reads_through_mmap(tmp_path):
+    store = DiskStore(tmp_path)
+    assert store.get_manifest(KEY) is None and store.get_payload(KEY) is None
+    store.put(KEY, b"{}", b"payload-bytes")
+    assert store.get_manifest(KEY) == b"{}"
+    payload = store.get_payload(KEY)
+    assert isinstance(payload, mmap.mmap) and bytes(payload) == b"payload-bytes"
+    payload[0:1] = b"X"  # a private mapping: the file is untouched
+    assert bytes(store.get_payload(KEY)) == b"payload-bytes"
+    assert list(store.keys()) == [KEY] and KEY in store
+    assert not [p for p in tmp_path.rglob(".*") if p.is_file()]  # no temporary files left behind
+    store.delete(KEY)
+    assert store.get_manifest(KEY) is None and list(store.keys()) == []
+
+
+def test_engine_on_a_disk_store_survives_a_new_process_view(tmp_path):
+    engine = KVEngine(tiny("mistral"), f"disk://{tmp_path}")
+    ref = engine.deposit(DOC_A)
+    reopened = KVEngine(tiny("mistral"), DiskStore(tmp_path))
+    graft = reopened.generate(QUESTION, states=[ref], max_new_tokens=3)
+    text = reopened.generate(QUESTION, states=[ref], max_new_tokens=3, graft=False)
+    assert graft.receipt.mode == "exact-graft" and graft.receipt.states[0].tier == f"disk://{tmp_path}"
+    assert graft.receipt.first_token_logits_sha256 == text.receipt.first_token_logits_sha256
+
+
+def test_a_manifest_without_its_payload_is_a_miss(tmp_path):
+    engine = KVEngine(tiny("llama"), DiskStore(tmp_path))
+    ref = engine.deposit(DOC_A)
+    next(tmp_path.rglob("payload.safetensors")).unlink()
+    receipt = engine.generate(QUESTION, states=[ref], max_new_tokens=2).receipt
+    assert receipt.mode == "text-prefill" and receipt.states[0].reason == "missing"
