@@ -16,7 +16,7 @@ def test_smollm2_verify_is_byte_exact_over_50_samples(smollm2):
 
 
 def test_smollm2_answers_from_a_graft_as_it_does_from_text(smollm2, tmp_path):
-    rows = run_demo(store=f"disk://{tmp_path}", questions=2, max_new_tokens=12)
+    rows = run_demo(store=f"disk://{tmp_path}", questions=2, max_new_tokens=24)
     for row in rows:
         assert row.graft.receipt.mode == "exact-graft" and row.text.receipt.mode == "text-prefill"
         assert row.graft.text == row.text.text

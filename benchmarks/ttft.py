@@ -1,0 +1,92 @@
+"""Time to first token: text prefill vs graft from the memory store vs graft from the disk store.
+
+Runs `smollm2-135m` (or --model) on documents of about 500, 1,500 and 4,000 tokens built from the
+bundled text, with a ~15-token question. Every arm is run --repeat times in one process, on the
+same machine, and the median is reported; ratios are what to compare, since absolute times drift
+on shared machines. Each graft is checked to give the text arm's first-token logits, byte for byte.
+
+    python benchmarks/ttft.py                       # Markdown table
+    python benchmarks/ttft.py --json out.json       # also the raw figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+
+from tqdm import tqdm
+
+from kvrag import DiskStore, KVEngine, MemoryStore, load_model
+from kvrag.samples import long_document
+
+QUESTION = "According to the document, who built the lighthouse at Varrow Point, and when?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--sizes", default="500,1500,4000", help="document sizes in tokens")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+
+    model = load_model(args.model)
+    memory = KVEngine(model, MemoryStore())
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        disk = KVEngine(model, DiskStore(tmp))
+        sizes = [int(s) for s in args.sizes.split(",")]
+        progress = tqdm(total=len(sizes) * (2 + 3 * args.repeat), desc="benchmark", unit="run")
+        for size in sizes:
+            document = long_document(model.tokenizer, size)
+            refs = {"memory": memory.deposit(document), "disk": disk.deposit(document)}
+            progress.update(2)
+            times: dict[str, list[float]] = {"text": [], "memory": [], "disk": []}
+            hashes: set[str] = set()
+            question_tokens = len(memory.layout.question_ids(QUESTION))
+            for _ in range(args.repeat):
+                for arm, engine, graft in (("text", memory, False), ("memory", memory, True), ("disk", disk, True)):
+                    ref = refs["disk" if arm == "disk" else "memory"]
+                    generation = engine.generate(QUESTION, states=[ref], max_new_tokens=1, graft=graft)
+                    expected = "text-prefill" if arm == "text" else "exact-graft"
+                    assert generation.receipt.mode == expected, generation.receipt
+                    times[arm].append(generation.receipt.timings.ttft_ms)
+                    hashes.add(generation.receipt.first_token_logits_sha256)
+                    progress.update(1)
+            median = {arm: statistics.median(values) for arm, values in times.items()}
+            rows.append(
+                {
+                    "document_tokens": refs["memory"].token_count,
+                    "question_tokens": question_tokens,
+                    "state_mib": round(_state_bytes(memory, refs["memory"].key) / 2**20, 1),
+                    "ttft_text_ms": round(median["text"], 1),
+                    "ttft_graft_memory_ms": round(median["memory"], 1),
+                    "ttft_graft_disk_ms": round(median["disk"], 1),
+                    "speedup_memory": round(median["text"] / median["memory"], 1),
+                    "speedup_disk": round(median["text"] / median["disk"], 1),
+                    "logits_identical": len(hashes) == 1,
+                }
+            )
+        progress.close()
+
+    print(f"\nTime to first token, {args.model}, float32, CPU, median of {args.repeat} runs each\n")
+    print("| document tokens | state size | text prefill | graft from memory store | graft from disk store | speed-up (memory) | speed-up (disk) | same logits |")
+    print("|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    for r in rows:
+        print(
+            f"| {r['document_tokens']:,} | {r['state_mib']} MiB | {r['ttft_text_ms']:.0f} ms | {r['ttft_graft_memory_ms']:.0f} ms "
+            f"| {r['ttft_graft_disk_ms']:.0f} ms | {r['speedup_memory']}x | {r['speedup_disk']}x | {'yes' if r['logits_identical'] else 'NO'} |"
+        )
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"model": args.model, "repeat": args.repeat, "question": QUESTION, "rows": rows}, f, indent=2)
+
+
+def _state_bytes(engine: KVEngine, key: str) -> int:
+    return len(engine.store.get_payload(key))
+
+
+if __name__ == "__main__":
+    main()
