@@ -72,7 +72,7 @@ def main() -> None:
         progress.close()
 
     print(f"\nTime to first token, {args.model}, float32, CPU, median of {args.repeat} runs each\n")
-    print("| document tokens | state size | text prefill | graft from memory store | graft from disk store | speed-up (memory) | speed-up (disk) | same logits |")
+    print("| state tokens (prompt prefix + document) | state size | text prefill | graft from memory store | graft from disk store | speed-up (memory) | speed-up (disk) | same logits |")
     print("|---:|---:|---:|---:|---:|---:|---:|:---:|")
     for r in rows:
         print(

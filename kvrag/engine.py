@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from kvrag.approximate import rerotate_keys, rerotation_refusal, rope_inv_freq
 from kvrag.artifact import (
     DepositReceipt,
     StateManifest,
@@ -24,6 +25,7 @@ from kvrag.artifact import (
     parse_manifest,
     sha256_hex,
     state_key,
+    tensor_names,
 )
 from kvrag.errors import (
     ContextTooLongError,
@@ -333,6 +335,7 @@ class KVEngine:
         states: Sequence[StateRef | str] | None = None,
         max_new_tokens: int = 64,
         graft: bool = True,
+        approximate: bool = False,
         deposit_missing: bool = False,
     ) -> Generation:
         """Answer `query` after the documents in `states`, grafting every state that checks out.
@@ -341,7 +344,9 @@ class KVEngine:
         grafted only at its own position after its own chain; a ref placed elsewhere, or a state
         that is missing, damaged or foreign, is re-read as text and the receipt says why. With
         `graft=False` every document is re-read as text (the text-RAG arm of a comparison). With
-        `deposit_missing`, the chain is deposited afterwards so the next identical ask grafts.
+        `approximate=True`, a ref placed elsewhere is moved there instead (keys re-rotated), and
+        the receipt says `approximate-graft`, `exact=False`. With `deposit_missing`, the chain is
+        deposited afterwards so the next identical ask grafts.
         """
         if max_new_tokens < 1:
             raise InputError("max_new_tokens must be at least 1")
@@ -350,53 +355,45 @@ class KVEngine:
         texts = [r.text if isinstance(r, StateRef) else r for r in requested]
         segments = self.plan(texts)
         question = self.layout.question_ids(query)
-        prompt_len = (segments[-1].end if segments else 0) + len(question)
         if not segments:
             question = list(self.layout.prefix_ids) + question
-            prompt_len = len(question)
+        prompt_len = (segments[-1].end if segments else 0) + len(question)
         self._check_length(prompt_len)
 
-        cache = new_cache(self.model.hf_model)
+        run = _Prefill(self)
         uses: list[StateUse] = []
-        pending: list[StatePart] = []
-        restore_s = prefill_s = 0.0
-        reused = prefilled = 0
         for segment, req in zip(segments, requested):
-            requested_key = req.key if isinstance(req, StateRef) and req.key != segment.key else None
-            t = time.perf_counter()
+            moved = isinstance(req, StateRef) and req.key != segment.key
+            requested_key = req.key if moved else None
             try:
                 if not graft:
                     raise StateError("grafting was turned off for this generation")
-                pending.append(self._load(segment))
-                restore_s += time.perf_counter() - t
-                reused += len(segment.ids)
-                uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="graft", tier=self.store.url, requested_key=requested_key))
+                run.graft(self._load, segment)
+                uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="graft",
+                                     tier=self.store.url, requested_key=requested_key))
                 continue
             except StateError as e:
-                restore_s += time.perf_counter() - t
                 reason, detail = (e.reason if graft else "graft-off"), str(e)
-            if requested_key is not None and graft:
-                reason = "moved"
-                detail = (f"state {requested_key[:12]} was deposited at positions {req.start}..{req.start + req.token_count}"
-                          f" after {'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; "
-                          f"here it is needed at {segment.start}..{segment.end}, so it is re-read as text. {detail}")
-            t = time.perf_counter()
-            append_parts(cache, pending, self.model.device)
-            pending = []
-            restore_s += time.perf_counter() - t
-            t = time.perf_counter()
-            self._forward(segment.ids, cache)
-            prefill_s += time.perf_counter() - t
-            prefilled += len(segment.ids)
-            uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="text", reason=reason, detail=detail, requested_key=requested_key))
-        t = time.perf_counter()
-        append_parts(cache, pending, self.model.device)
-        restore_s += time.perf_counter() - t
-
-        t = time.perf_counter()
-        logits = self._forward(question, cache)
-        prefill_s += time.perf_counter() - t
-        prefilled += len(question)
+            if moved and graft:
+                assert isinstance(req, StateRef)
+                reason, detail = "moved", (
+                    f"state {req.key[:12]} was deposited at positions {req.start}..{req.start + req.token_count} after "
+                    f"{'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; it is needed "
+                    f"at {segment.start}..{segment.end}. {detail}"
+                )
+                if approximate:
+                    try:
+                        run.graft(self._moved_part, segment, req)
+                        uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="approximate",
+                                             tier=self.store.url, reason=reason, detail=detail, requested_key=req.key))
+                        continue
+                    except StateError as e:
+                        detail += f" Not moved either: {e}"
+            run.text(segment.ids)
+            uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="text",
+                                 reason=reason, detail=detail, requested_key=requested_key))
+        run.flush()
+        logits = run.text(question)
         tokens = [int(torch.argmax(logits))]
         ttft_s = time.perf_counter() - began
         first_logits = logits.clone()
@@ -404,21 +401,26 @@ class KVEngine:
         t = time.perf_counter()
         limit = min(max_new_tokens, self.model.max_positions - prompt_len)
         while len(tokens) < limit and tokens[-1] not in self.layout.stop_ids:
-            tokens.append(int(torch.argmax(self._forward([tokens[-1]], cache))))
+            tokens.append(int(torch.argmax(self._forward([tokens[-1]], run.cache))))
         decode_s = time.perf_counter() - t
 
-        grafted = sum(u.source == "graft" for u in uses)
-        mode = "text-prefill" if grafted == 0 else "exact-graft" if grafted == len(uses) else "partial-graft"
+        sources = [u.source for u in uses]
+        if "approximate" in sources:
+            mode = "approximate-graft"
+        elif "graft" not in sources:
+            mode = "text-prefill"
+        else:
+            mode = "exact-graft" if all(s == "graft" for s in sources) else "partial-graft"
         receipt = Receipt(
             mode=mode,
-            exact=True,
+            exact=mode != "approximate-graft",
             states=uses,
-            tokens_reused=reused,
-            tokens_prefilled=prefilled,
+            tokens_reused=run.reused,
+            tokens_prefilled=run.prefilled,
             decode_tokens=len(tokens),
             timings=Timings(
-                restore_ms=restore_s * 1e3,
-                prefill_ms=prefill_s * 1e3,
+                restore_ms=run.restore_s * 1e3,
+                prefill_ms=run.prefill_s * 1e3,
                 ttft_ms=ttft_s * 1e3,
                 decode_ms=decode_s * 1e3,
                 total_ms=(time.perf_counter() - began) * 1e3,
@@ -432,3 +434,65 @@ class KVEngine:
         answer_ids = [tok for tok in tokens if tok not in self.layout.stop_ids]
         text = self.model.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
         return Generation(text=text, tokens=tokens, receipt=receipt, first_token_logits=first_logits)
+
+    def _moved_part(self, segment: _Segment, ref: StateRef) -> StatePart | tuple[list[int], StatePart]:
+        """`ref`'s document K/V moved to `segment`'s position: approximate, never exact."""
+        refusal = rerotation_refusal(self.model.hf_model, any(s.kind != "full" for s in self._specs))
+        if refusal:
+            raise ForeignStateError(refusal)
+        manifest = self._checked_manifest(ref.key)
+        doc_ids = self.layout.document_ids(segment.text)
+        n = len(doc_ids)
+        if manifest.token_ids[-n:] != doc_ids:
+            raise ForeignStateError(f"state {ref.key[:12]} does not end with this document's tokens")
+        stored = self._load_manifest_part(manifest).tensors
+        new_start = segment.end - n
+        delta = new_start - (manifest.end - n)
+        inv_freq = rope_inv_freq(self.model.hf_model)
+        assert inv_freq is not None
+        tensors = {}
+        for index in range(len(self._specs)):
+            key_name, value_name = tensor_names(index)
+            tensors[key_name] = rerotate_keys(stored[key_name][:, :, -n:, :], delta, inv_freq)
+            tensors[value_name] = stored[value_name][:, :, -n:, :]
+        part = StatePart(new_start, segment.end, manifest.layers, tensors)
+        prefix = segment.ids[: len(segment.ids) - n]
+        return (prefix, part) if prefix else part
+
+
+class _Prefill:
+    """A cache being filled segment by segment: grafts are batched, text is prefilled in order."""
+
+    def __init__(self, engine: KVEngine) -> None:
+        self.engine = engine
+        self.cache = new_cache(engine.model.hf_model)
+        self.pending: list[StatePart] = []
+        self.restore_s = self.prefill_s = 0.0
+        self.reused = self.prefilled = 0
+
+    def graft(self, load: Any, *args: Any) -> None:
+        """Load a part with `load(*args)` (raising `StateError` to refuse) and queue it."""
+        t = time.perf_counter()
+        try:
+            loaded = load(*args)
+        finally:
+            self.restore_s += time.perf_counter() - t
+        if isinstance(loaded, tuple):  # a moved first document: the prompt prefix is read as text
+            prefix, loaded = loaded
+            self.text(prefix)
+        self.pending.append(loaded)
+        self.reused += loaded.end - loaded.start
+
+    def flush(self) -> None:
+        t = time.perf_counter()
+        append_parts(self.cache, self.pending, self.engine.model.device)
+        self.pending = []
+        self.restore_s += time.perf_counter() - t
+
+    def text(self, ids: Sequence[int]) -> torch.Tensor:
+        self.flush()
+        t = time.perf_counter()
+        logits = self.engine._forward(ids, self.cache)
+        self.prefill_s += time.perf_counter() - t
+        self.prefilled += len(ids)
+        return logits
