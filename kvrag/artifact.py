@@ -110,6 +110,7 @@ class StateManifest(BaseModel):
     payload_sha256: str
     payload_bytes: int = Field(ge=0, le=1 << 40)
     deposit: DepositReceipt
+    signature: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @property
     def end(self) -> int:

@@ -9,6 +9,7 @@ bytes equal the graft's; graft and fallback differ in time, never in answer.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -28,6 +29,8 @@ from kvrag.artifact import (
     tensor_names,
 )
 from kvrag.errors import (
+    StoreError,
+    StoreUnavailableError,
     ContextTooLongError,
     ForeignStateError,
     IntegrityError,
@@ -41,7 +44,10 @@ from kvrag.kvcache import LayerSpec, StatePart, append_parts, extract_segment, l
 from kvrag.models import LoadedModel
 from kvrag.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
 from kvrag.receipt import Receipt, StateUse, Timings
+from kvrag.signing import check_signature, sign_manifest, signing_key_from_env
 from kvrag.stores import StateStore, open_store
+
+log = logging.getLogger("kvrag")
 
 __all__ = ["KVEngine", "StateRef", "Generation", "CANARY_QUESTION", "logits_sha256"]
 
@@ -85,6 +91,17 @@ class _Segment:
         return self.start + len(self.ids)
 
 
+@dataclass(frozen=True)
+class _Fetched:
+    """A checked state ready to graft, the tier it came from, and what went wrong in hotter tiers."""
+
+    manifest: StateManifest
+    part: StatePart
+    tier: str
+    notes: str | None = None
+    text_before: list[int] = field(default_factory=list)
+
+
 def logits_sha256(logits: torch.Tensor) -> str:
     """SHA-256 of a logits tensor's bytes, exactly as computed (dtype kept)."""
     return sha256_hex(logits.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
@@ -105,9 +122,12 @@ class KVEngine:
         store: StateStore | str | None = None,
         *,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        signing_key: bytes | str | None = None,
     ) -> None:
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
+        key = signing_key if signing_key is not None else signing_key_from_env()
+        self.signing_key: bytes | None = key.encode() if isinstance(key, str) else key
         self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt)
         self._specs: list[LayerSpec] = layer_specs(model.hf_model)
 
@@ -187,7 +207,7 @@ class KVEngine:
         segment = self.plan([text], after=after)[0]
         ancestors = self._ancestors(after)
         try:
-            self._load(segment)
+            self._fetch(segment.key, segment)
             return self._ref(segment)
         except StateError:
             pass
@@ -197,8 +217,9 @@ class KVEngine:
 
         # Fresh computation: every segment of the chain from scratch, in the same schedule.
         fresh = new_cache(self.model.hf_model)
-        for ids in [m.token_ids for m in ancestors] + [segment.ids]:
-            self._forward(ids, fresh)
+        for manifest, _ in ancestors:
+            self._forward(manifest.token_ids, fresh)
+        self._forward(segment.ids, fresh)
         layers, tensors = extract_segment(fresh, segment.start, segment.end)
         fresh_sha = logits_sha256(self._forward(canary, fresh))
         compute_ms = (time.perf_counter() - began) * 1e3
@@ -226,7 +247,7 @@ class KVEngine:
             ),
         )
         # Graft check: the stored parents plus this state's bytes, round-tripped, must reproduce it.
-        parts = [self._load_manifest_part(m) for m in ancestors]
+        parts = [part for _, part in ancestors]
         parts.append(self._part(unverified, decode_payload(payload, unverified)))
         grafted = new_cache(self.model.hf_model)
         append_parts(grafted, parts, self.model.device)
@@ -239,6 +260,8 @@ class KVEngine:
             )
         deposit = unverified.deposit.model_copy(update={"canary_logits_sha256": graft_sha, "verified": True})
         manifest = unverified.model_copy(update={"deposit": deposit})
+        if self.signing_key is not None:
+            manifest = sign_manifest(manifest, self.signing_key)
         self.store.put(segment.key, manifest.to_json_bytes(), payload)
         return self._ref(segment)
 
@@ -250,25 +273,65 @@ class KVEngine:
             refs.append(after)
         return refs
 
-    def _ancestors(self, after: StateRef | None) -> list[StateManifest]:
-        """The manifests of `after`'s chain, root first, each checked as it would be for a graft."""
-        chain: list[StateManifest] = []
+    def _ancestors(self, after: StateRef | None) -> list[tuple[StateManifest, StatePart]]:
+        """`after`'s chain, root first, each state fetched and checked as it would be for a graft."""
+        chain: list[tuple[StateManifest, StatePart]] = []
         key = after.key if after else None
         while key is not None:
-            manifest = self._checked_manifest(key)
-            chain.append(manifest)
-            key = manifest.parent_key
+            fetched = self._fetch(key)
+            chain.append((fetched.manifest, fetched.part))
+            key = fetched.manifest.parent_key
         chain.reverse()
         return chain
 
     # ----------------------------------------------------------------- restore
-    def _checked_manifest(self, key: str, expect: _Segment | None = None) -> StateManifest:
-        raw = self.store.get_manifest(key)
-        if raw is None:
-            raise StateNotFoundError(f"no state {key[:12]} in {self.store.url}")
+    @property
+    def tiers(self) -> list[StateStore]:
+        return list(getattr(self.store, "tiers", [self.store]))
+
+    def _fetch(self, key: str, expect: _Segment | None = None) -> _Fetched:
+        """The first verified copy of a state, tier by tier; a verified copy found in a colder tier
+        is promoted into the hotter ones. Raises the most telling `StateError` if no tier has one."""
+        failures: list[tuple[str, StateError]] = []
+        tiers = self.tiers
+        for index, tier in enumerate(tiers):
+            try:
+                raw = tier.get_manifest(key)
+                if raw is None:
+                    raise StateNotFoundError(f"no state {key[:12]} in {tier.url}")
+                manifest = self._check_manifest(key, raw, expect)
+                payload = tier.get_payload(key)
+                if payload is None:
+                    raise StateNotFoundError(f"state {key[:12]}: its payload or a frame is missing from {tier.url}")
+                part = self._part(manifest, decode_payload(payload, manifest))
+            except StoreError as e:
+                failures.append((tier.url, StoreUnavailableError(str(e))))
+                continue
+            except StateError as e:
+                failures.append((tier.url, e))
+                continue
+            if index:
+                self._promote(key, raw, payload, tiers[:index])
+            notes = "; ".join(f"{url}: {e.reason}: {e}" for url, e in failures) or None
+            return _Fetched(manifest, part, tier.url, notes)
+        telling = [e for _, e in failures if not isinstance(e, StateNotFoundError)]
+        first = (telling or [e for _, e in failures])[0]
+        detail = "; ".join(f"{url}: {e}" for url, e in failures) if len(failures) > 1 else str(first)
+        raise type(first)(detail) from first
+
+    def _promote(self, key: str, manifest: bytes, payload: Any, hotter: Sequence[StateStore]) -> None:
+        data = bytes(payload)
+        for tier in hotter:
+            try:
+                tier.put(key, manifest, data)
+            except StoreError as e:
+                log.warning("could not promote state %s into %s: %s", key[:12], tier.url, e)
+
+    def _check_manifest(self, key: str, raw: bytes, expect: _Segment | None = None) -> StateManifest:
         manifest = parse_manifest(raw)
         if manifest.key != key:
             raise IntegrityError(f"state {key[:12]}: manifest is for another key ({manifest.key[:12]})")
+        check_signature(manifest, self.signing_key)
         if not manifest.model_fingerprint.matches(self.model.fingerprint):
             raise ForeignStateError(
                 f"state {key[:12]} was made by another model ({manifest.model_fingerprint.name}, "
@@ -312,20 +375,11 @@ class KVEngine:
     def _part(self, manifest: StateManifest, tensors: dict[str, torch.Tensor]) -> StatePart:
         return StatePart(manifest.start, manifest.end, manifest.layers, tensors)
 
-    def _load_manifest_part(self, manifest: StateManifest) -> StatePart:
-        payload = self.store.get_payload(manifest.key)
-        if payload is None:
-            raise StateNotFoundError(f"state {manifest.key[:12]}: payload is missing from {self.store.url}")
-        return self._part(manifest, decode_payload(payload, manifest))
-
-    def _load(self, segment: _Segment) -> StatePart:
-        return self._load_manifest_part(self._checked_manifest(segment.key, segment))
-
     def restore(self, ref: StateRef) -> StatePart:
         """Fetch and check one state; raises a `StateError` saying why it cannot be grafted."""
         self._check_after(ref)
         segment = self.plan([ref.text], after=None)[0] if ref.parent_key is None else None
-        return self._load_manifest_part(self._checked_manifest(ref.key, segment))
+        return self._fetch(ref.key, segment).part
 
     # ----------------------------------------------------------------- generate
     def generate(
@@ -368,9 +422,9 @@ class KVEngine:
             try:
                 if not graft:
                     raise StateError("grafting was turned off for this generation")
-                run.graft(self._load, segment)
+                fetched = run.graft(self._fetch, segment.key, segment)
                 uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="graft",
-                                     tier=self.store.url, requested_key=requested_key))
+                                     tier=fetched.tier, detail=fetched.notes, requested_key=requested_key))
                 continue
             except StateError as e:
                 reason, detail = (e.reason if graft else "graft-off"), str(e)
@@ -383,9 +437,9 @@ class KVEngine:
                 )
                 if approximate:
                     try:
-                        run.graft(self._moved_part, segment, req)
+                        fetched = run.graft(self._moved_part, segment, req)
                         uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="approximate",
-                                             tier=self.store.url, reason=reason, detail=detail, requested_key=req.key))
+                                             tier=fetched.tier, reason=reason, detail=detail, requested_key=req.key))
                         continue
                     except StateError as e:
                         detail += f" Not moved either: {e}"
@@ -435,17 +489,18 @@ class KVEngine:
         text = self.model.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
         return Generation(text=text, tokens=tokens, receipt=receipt, first_token_logits=first_logits)
 
-    def _moved_part(self, segment: _Segment, ref: StateRef) -> StatePart | tuple[list[int], StatePart]:
+    def _moved_part(self, segment: _Segment, ref: StateRef) -> _Fetched:
         """`ref`'s document K/V moved to `segment`'s position: approximate, never exact."""
         refusal = rerotation_refusal(self.model.hf_model, any(s.kind != "full" for s in self._specs))
         if refusal:
             raise ForeignStateError(refusal)
-        manifest = self._checked_manifest(ref.key)
+        source = self._fetch(ref.key)
+        manifest = source.manifest
         doc_ids = self.layout.document_ids(segment.text)
         n = len(doc_ids)
         if manifest.token_ids[-n:] != doc_ids:
             raise ForeignStateError(f"state {ref.key[:12]} does not end with this document's tokens")
-        stored = self._load_manifest_part(manifest).tensors
+        stored = source.part.tensors
         new_start = segment.end - n
         delta = new_start - (manifest.end - n)
         inv_freq = rope_inv_freq(self.model.hf_model)
@@ -457,7 +512,7 @@ class KVEngine:
             tensors[value_name] = stored[value_name][:, :, -n:, :]
         part = StatePart(new_start, segment.end, manifest.layers, tensors)
         prefix = segment.ids[: len(segment.ids) - n]
-        return (prefix, part) if prefix else part
+        return _Fetched(manifest, part, source.tier, source.notes, prefix)
 
 
 class _Prefill:
@@ -470,18 +525,18 @@ class _Prefill:
         self.restore_s = self.prefill_s = 0.0
         self.reused = self.prefilled = 0
 
-    def graft(self, load: Any, *args: Any) -> None:
-        """Load a part with `load(*args)` (raising `StateError` to refuse) and queue it."""
+    def graft(self, fetch: Any, *args: Any) -> _Fetched:
+        """Fetch a state with `fetch(*args)` (raising `StateError` to refuse) and queue it."""
         t = time.perf_counter()
         try:
-            loaded = load(*args)
+            fetched: _Fetched = fetch(*args)
         finally:
             self.restore_s += time.perf_counter() - t
-        if isinstance(loaded, tuple):  # a moved first document: the prompt prefix is read as text
-            prefix, loaded = loaded
-            self.text(prefix)
-        self.pending.append(loaded)
-        self.reused += loaded.end - loaded.start
+        if fetched.text_before:  # a moved first document: the prompt prefix is read as text
+            self.text(fetched.text_before)
+        self.pending.append(fetched.part)
+        self.reused += fetched.part.end - fetched.part.start
+        return fetched
 
     def flush(self) -> None:
         t = time.perf_counter()

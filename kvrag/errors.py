@@ -9,7 +9,8 @@
     │   ├── StateNotFoundError      no state under that key in any tier
     │   ├── IntegrityError          a payload or manifest does not match its recorded digests
     │   ├── ForeignStateError       a state of another model, hardware, chain or position
-    │   └── VerificationError       a deposit did not reproduce a fresh computation; nothing stored
+    │   ├── VerificationError       a deposit did not reproduce a fresh computation; nothing stored
+    │   └── StoreUnavailableError   a tier could not be reached (also a StoreError)
     └── StoreError                  a store URL is wrong or a store cannot be reached
 
 `StateError`s are what the engine turns into a text fallback (and names in the receipt);
@@ -30,6 +31,7 @@ __all__ = [
     "ForeignStateError",
     "VerificationError",
     "StoreError",
+    "StoreUnavailableError",
 ]
 
 
@@ -78,3 +80,9 @@ class VerificationError(StateError):
 
 class StoreError(KVRagError):
     """A store URL kvrag cannot open, or a store that fails while reading or writing."""
+
+
+class StoreUnavailableError(StoreError, StateError):
+    """A tier failed while a state was read from it; the engine moves on to the next tier or the text."""
+
+    reason = "unavailable"

@@ -10,6 +10,7 @@ the tensors handed in (often views over stored bytes) are never written.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -19,6 +20,10 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from kvrag.artifact import LayerEntry, dtype_name, tensor_names
 from kvrag.errors import ModelError
+
+# transformers 5.23 announces a rename of `past_key_values` to `cache`, but its models' forward
+# signatures still take `past_key_values` (a `cache=` argument is silently ignored there).
+warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
 
 __all__ = ["LayerSpec", "layer_specs", "new_cache", "extract_segment", "StatePart", "append_parts"]
 

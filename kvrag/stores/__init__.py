@@ -1,35 +1,68 @@
-"""State stores, addressed by URL. `open_store("disk://PATH")` is the embedded default."""
+"""State stores, addressed by URL. `open_store("disk://PATH")` is the embedded default.
+
+    disk://PATH                         atomic files, mmap reads (the default, in the user cache dir)
+    memory://                           this process only
+    redis://[user:pass@]host:port/db    one Redis server; rediss:// for TLS
+    redis+cluster://host:port,...       Redis Cluster (a state's frames share one hash slot)
+    redis://...,disk://...              tiers, hot first: reads promote, writes go through
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from kvrag.errors import StoreError
 from kvrag.paths import kvrag_home
 from kvrag.stores.base import StateStore
 from kvrag.stores.disk import DiskStore
 from kvrag.stores.memory import MemoryStore
+from kvrag.stores.redis import RedisStore, redis_store_from_url
+from kvrag.stores.tiered import TieredStore
 
-__all__ = ["StateStore", "DiskStore", "MemoryStore", "open_store", "default_store_url"]
+__all__ = ["StateStore", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "open_store", "default_store_url"]
+
+_SCHEMES = "disk://PATH, memory://, redis://, rediss://, redis+cluster://, or a comma list of them"
 
 
 def default_store_url() -> str:
     return f"disk://{kvrag_home() / 'store'}"
 
 
-def open_store(url: str | None = None) -> StateStore:
-    """Open a store by URL: `disk://PATH` or `memory://`. No URL means the default disk store.
+def open_store(url: str | None = None, *, write: Literal["all", "hot"] = "all") -> StateStore:
+    """Open a store by URL; a comma list opens tiers, hot first. No URL means the default disk store.
 
         >>> store = open_store("memory://")
+        >>> tiers = open_store("redis://127.0.0.1:6379/0,disk:///tmp/kvrag")  # no I/O until used
     """
     url = url or default_store_url()
+    parts = _split_tiers(url)
+    if len(parts) > 1:
+        return TieredStore([_open_one(p) for p in parts], write=write)
+    return _open_one(parts[0])
+
+
+def _split_tiers(url: str) -> list[str]:
+    """Split on commas that start a new URL (a cluster URL has commas between its hosts)."""
+    pieces: list[str] = []
+    for piece in url.split(","):
+        if "://" in piece or not pieces:
+            pieces.append(piece.strip())
+        else:
+            pieces[-1] += "," + piece.strip()
+    return [p for p in pieces if p]
+
+
+def _open_one(url: str) -> StateStore:
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise StoreError(f"store URL {url!r} has no scheme; use disk://PATH or memory://")
+        raise StoreError(f"store URL {url!r} has no scheme; use {_SCHEMES}")
     if scheme == "disk":
         if not rest:
             raise StoreError("disk:// needs a folder, e.g. disk:///var/cache/kvrag or disk://./states")
         return DiskStore(Path(rest))
     if scheme == "memory":
         return MemoryStore()
-    raise StoreError(f"unsupported store scheme {scheme!r} in {url!r}; use disk://PATH or memory://")
+    if scheme in ("redis", "rediss", "redis+cluster"):
+        return redis_store_from_url(url)
+    raise StoreError(f"unsupported store scheme {scheme!r} in {url!r}; use {_SCHEMES}")

@@ -1,0 +1,93 @@
+"""Framing for remote tiers: a payload split into fixed-size frames, each with its own SHA-256.
+
+The frame record (JSON) holds the state's manifest and the frames' digests. It is written after
+every frame, so a reader that finds a record finds frames that were complete when it was written;
+a frame that has since been evicted, truncated or altered makes the whole state a miss. Frames are
+named by the payload's digest, so two writers of the same key never mix their frames.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvrag.errors import IntegrityError
+
+__all__ = ["FrameRecord", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "make_record", "parse_record", "split", "assemble"]
+
+DEFAULT_FRAME_BYTES = 8 << 20
+MAX_STATE_BYTES = 1 << 36  # 64 GiB: anything larger is a forged or corrupt record
+_HEX64 = r"^[0-9a-f]{64}$"
+
+
+class FrameRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["kvrag.frames/1"] = "kvrag.frames/1"
+    manifest: str = Field(max_length=64 << 20)
+    payload_sha256: str = Field(pattern=_HEX64)
+    payload_bytes: int = Field(ge=0, le=MAX_STATE_BYTES)
+    frame_bytes: int = Field(ge=1, le=1 << 30)
+    frames: list[str] = Field(max_length=1 << 20)
+
+    @model_validator(mode="after")
+    def _counts_agree(self) -> "FrameRecord":
+        expected = -(-self.payload_bytes // self.frame_bytes)
+        if len(self.frames) != expected:
+            raise ValueError(f"{len(self.frames)} frames cannot hold {self.payload_bytes} bytes in {self.frame_bytes}-byte frames")
+        for digest in self.frames:
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("frame digests must be 64 lowercase hex characters")
+        return self
+
+    @property
+    def payload_id(self) -> str:
+        return self.payload_sha256[:16]
+
+    def frame_length(self, index: int) -> int:
+        return min(self.frame_bytes, self.payload_bytes - index * self.frame_bytes)
+
+
+def make_record(manifest: bytes, payload: bytes | memoryview, frame_bytes: int = DEFAULT_FRAME_BYTES) -> tuple[FrameRecord, list[memoryview]]:
+    frames = split(payload, frame_bytes)
+    record = FrameRecord(
+        manifest=manifest.decode(),
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+        payload_bytes=len(payload),
+        frame_bytes=frame_bytes,
+        frames=[hashlib.sha256(f).hexdigest() for f in frames],
+    )
+    return record, frames
+
+
+def parse_record(raw: bytes) -> FrameRecord:
+    """Parse a frame record; sizes and counts are checked before anything is allocated."""
+    try:
+        return FrameRecord.model_validate_json(raw)
+    except (ValidationError, ValueError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"frame record is malformed: {str(e).splitlines()[0]}") from e
+
+
+def split(payload: bytes | memoryview, frame_bytes: int) -> list[memoryview]:
+    view = memoryview(payload).cast("B")
+    return [view[i : i + frame_bytes] for i in range(0, len(view), frame_bytes)]
+
+
+def assemble(record: FrameRecord, frames: Sequence[bytes | None]) -> bytearray | None:
+    """One buffer from the frames, each checked; `None` if any frame is missing."""
+    if len(frames) != len(record.frames) or any(f is None for f in frames):
+        return None
+    for index, frame in enumerate(frames):
+        if len(frame) != record.frame_length(index):  # type: ignore[arg-type]
+            raise IntegrityError(f"frame {index} is {len(frame)} bytes, expected {record.frame_length(index)}")  # type: ignore[arg-type]
+    buffer = bytearray(record.payload_bytes)
+    view = memoryview(buffer)
+    offset = 0
+    for index, frame in enumerate(frames):
+        if hashlib.sha256(frame).hexdigest() != record.frames[index]:  # type: ignore[arg-type]
+            raise IntegrityError(f"frame {index} does not match its SHA-256")
+        view[offset : offset + len(frame)] = frame  # type: ignore[arg-type]
+        offset += len(frame)  # type: ignore[arg-type]
+    return buffer
