@@ -37,3 +37,21 @@ def smollm2() -> LoadedModel:
 @pytest.fixture
 def llama_engine() -> KVEngine:
     return KVEngine(tiny("llama"), MemoryStore())
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    from kvrag.testing import RedisServer
+
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory):
+    from kvrag.testing import RedisCluster
+
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()

@@ -41,14 +41,17 @@ class RedisStore(StateStore):
         frame_bytes: int = DEFAULT_FRAME_BYTES,
         ttl: int | None = None,
         frames_per_mget: int = 8,
+        cluster: bool = False,
     ) -> None:
         self.url = url
+        self.cluster = cluster
         self.prefix = prefix
         self.frame_bytes = frame_bytes
         self.ttl = ttl
         self.frames_per_mget = frames_per_mget
         self._client_factory = client_factory
         self._client: Any = None
+        self._records: dict[str, FrameRecord] = {}
 
     @property
     def client(self) -> Any:
@@ -77,16 +80,27 @@ class RedisStore(StateStore):
 
     def get_manifest(self, key: str) -> bytes | None:
         record = self.get_record(key)
-        return None if record is None else record.manifest.encode()
+        if record is None:
+            return None
+        # The payload read that follows uses this same record, so a manifest and a payload always
+        # belong together even if the key is rewritten in between (old frames stay until gc).
+        if len(self._records) > 64:
+            self._records.clear()
+        self._records[key] = record
+        return record.manifest.encode()
 
     def get_payload(self, key: str) -> bytearray | None:
-        record = self.get_record(key)
+        record = self._records.pop(key, None) or self.get_record(key)
         if record is None:
             return None
         keys = self._fkeys(key, record)
 
         def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
+            if self.cluster:  # a cluster pipeline refuses MGET; its GETs all go to the slot's node
+                for name in keys:
+                    pipe.get(name)
+                return list(pipe.execute())
             for i in range(0, len(keys), self.frames_per_mget):
                 pipe.mget(keys[i : i + self.frames_per_mget])
             return [frame for reply in pipe.execute() for frame in reply]
@@ -239,4 +253,4 @@ def redis_store_from_url(url: str) -> RedisStore:
 
     else:
         raise StoreError(f"not a Redis URL: {url!r}")
-    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl)
+    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster=scheme == "redis+cluster")

@@ -1,0 +1,135 @@
+"""Test helpers for kvrag and for your own tests: throwaway real Redis servers.
+
+`RedisServer` starts one `redis-server` on a free loopback port, `RedisCluster` a 3-master cluster
+(with AOF, so a restarted master keeps its data). They never touch a shared server on 6379: each
+gets its own port, folder and config, and `stop()` ends it (SIGTERM, then SIGKILL).
+
+    >>> server = RedisServer(tmp_path / "redis").start()       # doctest: +SKIP
+    >>> engine = KVEngine(load_model("tiny-random-llama"), server.url)
+    >>> server.stop()
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+__all__ = ["RedisServer", "RedisCluster", "free_port"]
+
+REDIS_SERVER = shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A free loopback port whose cluster bus port (+10000) is free too, as Redis Cluster needs."""
+    for _ in range(1000):
+        port = random.randint(20000, 45000)
+        if _is_free(port) and _is_free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for redis-server")
+
+
+@dataclass
+class RedisServer:
+    folder: Path
+    port: int = field(default_factory=free_port)
+    extra: tuple[str, ...] = ()
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        if not REDIS_SERVER:
+            raise RuntimeError("redis-server is not installed; on Debian: apt-get install redis-server")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.folder), "--logfile", str(self.folder / "redis.log"), *self.extra]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if client.ping():
+                    break
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server on {self.port} did not start: {(self.folder / 'redis.log').read_text()[-500:]}")
+                time.sleep(0.05)
+        client.close()
+        return self
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.process and self.process.poll() is None:
+            (self.process.kill if kill else self.process.terminate)()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+
+@dataclass
+class RedisCluster:
+    folder: Path
+    masters: list[RedisServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{m.port}" for m in self.masters)
+
+    def start(self, count: int = 3) -> "RedisCluster":
+        for i in range(count):
+            node_dir = self.folder / f"node{i}"
+            server = RedisServer(node_dir)
+            server.extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                            "--cluster-node-timeout", "2000", "--appendonly", "yes")
+            self.masters.append(server.start())
+        subprocess.run([REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{m.port}" for m in self.masters],
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        self.wait_ok()
+        return self
+
+    def wait_ok(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for m in self.masters:
+                try:
+                    info = redis.Redis(port=m.port, socket_connect_timeout=0.2).cluster("info")
+                    states.append(info.get("cluster_state") if isinstance(info, dict) else "ok" in str(info))
+                except redis.exceptions.RedisError:
+                    states.append(None)
+            if all(s in ("ok", True) for s in states):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the Redis cluster did not reach cluster_state:ok")
+
+    def restart(self, index: int) -> None:
+        """Kill one master and start it again from its own folder (its AOF and nodes.conf)."""
+        server = self.masters[index]
+        server.stop(kill=True)
+        server.start()
+        self.wait_ok()
+
+    def stop(self) -> None:
+        for m in self.masters:
+            m.stop(kill=True)

@@ -1,0 +1,260 @@
+"""The Redis tier against real throwaway servers: faults end in the right answer, and say how."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+import redis as redis_py
+
+from kvrag import KVEngine, MemoryStore, StoreError, open_store
+from kvrag.stores import DiskStore, RedisStore, TieredStore
+from kvrag.stores.frames import parse_record
+from kvrag.testing import RedisServer, free_port
+
+from .conftest import DOC_A, DOC_B, QUESTION, tiny
+
+FRAME = "frame_mib=0.01"  # ~10 KiB frames, so tiny-model states span many frames
+
+
+@pytest.fixture(scope="module")
+def reference():
+    engine = KVEngine(tiny("llama"), MemoryStore())
+    return engine.generate(QUESTION, states=[DOC_A], max_new_tokens=6, graft=False)
+
+
+def _redis_engine(server, *extra_tiers, **kwargs):
+    urls = [f"{server.url}?{FRAME}", *extra_tiers]
+    return KVEngine(tiny("llama"), ",".join(urls), **kwargs)
+
+
+def _raw(server) -> redis_py.Redis:
+    return redis_py.Redis(port=server.port)
+
+
+def _frames(server, key):
+    return sorted(k.decode() for k in _raw(server).keys(f"kvrag:{{{key}}}:f:*"))
+
+
+def _same_answer(generation, reference):
+    assert generation.receipt.first_token_logits_sha256 == reference.receipt.first_token_logits_sha256
+    assert generation.tokens == reference.tokens
+
+
+def test_round_trip_through_redis_is_exact(redis_server, reference):
+    engine = _redis_engine(redis_server)
+    ref = engine.deposit(DOC_A)
+    assert len(_frames(redis_server, ref.key)) > 3
+    generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
+    assert generation.receipt.mode == "exact-graft" and generation.receipt.states[0].tier.startswith("redis://")
+    _same_answer(generation, reference)
+
+
+def _flip(server, key):
+    name = _frames(server, key)[1]
+    data = bytearray(_raw(server).get(name))
+    data[len(data) // 2] ^= 0x01
+    _raw(server).set(name, bytes(data))
+
+
+def _delete_frame(server, key):
+    _raw(server).delete(_frames(server, key)[2])
+
+
+def _truncate(server, key):
+    name = _frames(server, key)[0]
+    _raw(server).set(name, _raw(server).get(name)[:-7])
+
+
+def _foreign_manifest(server, key):
+    record = json.loads(_raw(server).get(f"kvrag:{{{key}}}:m"))
+    manifest = json.loads(record["manifest"])
+    manifest["model_fingerprint"]["name"] = "someone-else"
+    record["manifest"] = json.dumps(manifest)
+    _raw(server).set(f"kvrag:{{{key}}}:m", json.dumps(record))
+
+
+FAULTS = {
+    "flipped byte in a frame": (_flip, "integrity"),
+    "deleted frame": (_delete_frame, "missing"),
+    "truncated frame": (_truncate, "integrity"),
+    "manifest from another model": (_foreign_manifest, "foreign"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_damaged_redis_copy_is_read_from_the_next_tier(fault, redis_server, tmp_path, reference):
+    damage, reason = FAULTS[fault]
+    engine = _redis_engine(redis_server, f"disk://{tmp_path}")
+    ref = engine.deposit(DOC_A)
+    damage(redis_server, ref.key)
+    generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
+    use = generation.receipt.states[0]
+    assert generation.receipt.mode == "exact-graft" and use.tier == f"disk://{tmp_path}"
+    assert reason in use.detail and use.detail.startswith("redis://")
+    _same_answer(generation, reference)
+    # The verified disk copy was promoted back into Redis: the next ask grafts from the hot tier.
+    again = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
+    assert again.receipt.states[0].tier.startswith("redis://") and again.receipt.states[0].detail is None
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_damaged_state_in_the_only_tier_is_re_read_as_text(fault, redis_server, reference):
+    damage, reason = FAULTS[fault]
+    engine = _redis_engine(redis_server)
+    ref = engine.deposit(DOC_A)
+    damage(redis_server, ref.key)
+    generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
+    assert generation.receipt.mode == "text-prefill" and generation.receipt.states[0].reason == reason
+    _same_answer(generation, reference)
+
+
+def test_a_tampered_manifest_is_refused_with_signing_on(redis_server, tmp_path, reference, caplog):
+    engine = _redis_engine(redis_server, signing_key="s3cret")
+    ref = engine.deposit(DOC_A)
+    record = json.loads(_raw(redis_server).get(f"kvrag:{{{ref.key}}}:m"))
+    manifest = json.loads(record["manifest"])
+    assert manifest["signature"]
+    manifest["deposit"]["compute_ms"] = 1.0  # any change, however harmless it looks
+    record["manifest"] = json.dumps(manifest)
+    _raw(redis_server).set(f"kvrag:{{{ref.key}}}:m", json.dumps(record))
+    with caplog.at_level(logging.WARNING, logger="kvrag.signing"):
+        generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
+    assert generation.receipt.mode == "text-prefill" and generation.receipt.states[0].reason == "signature"
+    assert "signature does not match" in caplog.text
+    _same_answer(generation, reference)
+
+
+def test_unsigned_and_wrongly_signed_states_are_refused(redis_server, reference, monkeypatch):
+    unsigned = _redis_engine(redis_server).deposit(DOC_A)
+    monkeypatch.setenv("KVRAG_SIGNING_KEY", "our-key")
+    ours = _redis_engine(redis_server)
+    refused = ours.generate(QUESTION, states=[unsigned], max_new_tokens=6)
+    assert refused.receipt.states[0].reason == "signature"
+    _same_answer(refused, reference)
+
+    theirs = _redis_engine(redis_server, signing_key="their-key")
+    forged = theirs.deposit(DOC_B)
+    assert ours.generate(QUESTION, states=[forged], max_new_tokens=1).receipt.states[0].reason == "signature"
+    signed = ours.deposit(DOC_A + " ")  # a fresh state signed with our key grafts
+    assert ours.generate(QUESTION, states=[signed], max_new_tokens=1).receipt.mode == "exact-graft"
+
+
+class KillingRedisStore(RedisStore):
+    """A real Redis tier whose server is killed after the frame record is read, before the frames."""
+
+    def __init__(self, inner: RedisStore, server: RedisServer):
+        super().__init__(inner._client_factory, url=inner.url, frame_bytes=inner.frame_bytes)
+        self.server = server
+
+    def get_payload(self, key):
+        self.server.stop(kill=True)
+        return super().get_payload(key)
+
+
+def test_redis_killed_in_the_middle_of_a_read(redis_server, tmp_path, reference):
+    writer = _redis_engine(redis_server, f"disk://{tmp_path}")
+    ref = writer.deposit(DOC_A)
+    tiers = TieredStore([KillingRedisStore(writer.tiers[0], redis_server), DiskStore(tmp_path)])
+    engine = KVEngine(tiny("llama"), tiers)
+    generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
+    use = generation.receipt.states[0]
+    assert generation.receipt.mode == "exact-graft" and use.tier == f"disk://{tmp_path}"
+    assert "unavailable" in use.detail
+    _same_answer(generation, reference)
+    # Redis alone, killed mid-read: the text answers.
+    only = KVEngine(tiny("llama"), KillingRedisStore(writer.tiers[0], redis_server))
+    assert only.generate(QUESTION, states=[ref], max_new_tokens=6).receipt.states[0].reason == "unavailable"
+
+
+def test_redis_down_from_the_start(tmp_path, reference):
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    engine = KVEngine(tiny("llama"), f"{down},disk://{tmp_path}")
+    ref = engine.deposit(DOC_A)  # written to the disk tier; Redis is skipped with a warning
+    generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
+    assert generation.receipt.mode == "exact-graft" and generation.receipt.states[0].tier == f"disk://{tmp_path}"
+    assert "unavailable" in generation.receipt.states[0].detail
+    _same_answer(generation, reference)
+    alone = KVEngine(tiny("llama"), down)
+    with pytest.raises(StoreError):
+        alone.deposit(DOC_A)
+    text = alone.generate(QUESTION, states=[DOC_A], max_new_tokens=6)
+    assert text.receipt.mode == "text-prefill" and text.receipt.states[0].reason == "unavailable"
+    _same_answer(text, reference)
+
+
+def test_a_colder_hit_is_promoted_and_hot_only_writes(redis_server, tmp_path):
+    disk = KVEngine(tiny("llama"), f"disk://{tmp_path}")
+    ref = disk.deposit(DOC_A)
+    tiered = _redis_engine(redis_server, f"disk://{tmp_path}")
+    assert tiered.tiers[0].get_manifest(ref.key) is None
+    assert tiered.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.states[0].tier == f"disk://{tmp_path}"
+    assert tiered.tiers[0].get_manifest(ref.key) is not None
+
+    hot_only = KVEngine(tiny("llama"), open_store(f"{redis_server.url}?{FRAME},disk://{tmp_path}/hot", write="hot"))
+    other = hot_only.deposit(DOC_B)
+    assert hot_only.tiers[0].get_manifest(other.key) is not None
+    assert hot_only.tiers[1].get_manifest(other.key) is None
+
+
+def test_ttl_expires_states(redis_server, reference):
+    engine = KVEngine(tiny("llama"), f"{redis_server.url}?{FRAME}&ttl=1")
+    ref = engine.deposit(DOC_A)
+    assert 0 < _raw(redis_server).ttl(f"kvrag:{{{ref.key}}}:m") <= 1
+    assert all(0 < _raw(redis_server).ttl(name) <= 1 for name in _frames(redis_server, ref.key))
+    time.sleep(1.3)
+    generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
+    assert generation.receipt.mode == "text-prefill" and generation.receipt.states[0].reason == "missing"
+    _same_answer(generation, reference)
+
+
+def test_eviction_under_maxmemory_is_a_miss_never_a_partial_graft(tmp_path):
+    server = RedisServer(tmp_path / "small", extra=("--maxmemory", "3mb", "--maxmemory-policy", "allkeys-random")).start()
+    try:
+        engine = KVEngine(tiny("llama"), f"{server.url}?frame_mib=0.005")
+        texts = [f"{DOC_A} Record number {i}. {DOC_B}" * 3 for i in range(12)]
+        refs = []
+        for text in texts:
+            try:
+                refs.append(engine.deposit(text))
+            except StoreError:  # Redis may refuse a write outright when it cannot evict enough
+                refs.append(engine.ref(text))
+        info = _raw(server).info("stats")
+        assert info["evicted_keys"] > 0
+        modes = []
+        for ref in refs:
+            graft = engine.generate(QUESTION, states=[ref], max_new_tokens=2)
+            text = engine.generate(QUESTION, states=[ref], max_new_tokens=2, graft=False)
+            assert graft.receipt.first_token_logits_sha256 == text.receipt.first_token_logits_sha256
+            modes.append(graft.receipt.mode)
+            if graft.receipt.mode == "text-prefill":
+                assert graft.receipt.states[0].reason in ("missing", "integrity")
+        assert "text-prefill" in modes
+    finally:
+        server.stop()
+
+
+def test_store_urls_take_credentials_and_options(monkeypatch):
+    store = open_store("redis://alice:pw@127.0.0.1:1/3?ttl=60&frame_mib=2&prefix=team")
+    assert isinstance(store, RedisStore) and store.ttl == 60 and store.frame_bytes == 2 << 20 and store.prefix == "team"
+    tiers = open_store("redis+cluster://127.0.0.1:7000,127.0.0.1:7001,disk:///tmp/x")
+    assert isinstance(tiers, TieredStore) and [type(t).__name__ for t in tiers.tiers] == ["RedisStore", "DiskStore"]
+    assert tiers.tiers[0].cluster
+    for bad in ("redis://h:1/0?ttl=abc", "redis://h:1/0?ttl=0", "redis+cluster://nohostport"):
+        with pytest.raises(StoreError):
+            open_store(bad)
+
+
+def test_frame_records_are_checked_before_allocating(redis_server):
+    engine = _redis_engine(redis_server)
+    ref = engine.deposit(DOC_A)
+    name = f"kvrag:{{{ref.key}}}:m"
+    record = json.loads(_raw(redis_server).get(name))
+    record["payload_bytes"] = 1 << 40
+    _raw(redis_server).set(name, json.dumps(record))
+    with pytest.raises(Exception) as err:
+        parse_record(_raw(redis_server).get(name))
+    assert "IntegrityError" in type(err.value).__name__
+    assert engine.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.states[0].reason == "integrity"
