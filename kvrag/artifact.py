@@ -4,6 +4,8 @@ This module is the one place where tensors become bytes and bytes become tensors
 unpickles and never trusts a size before checking it: the payload's SHA-256 is checked against the
 manifest, then its safetensors header is parsed with a size cap and every entry is checked against
 the manifest's shapes and dtypes before a tensor view is made over the buffer (zero-copy).
+Integrity is checked by the manifest's chunk digests (SHA-256 per 8 MiB, hashed in parallel; see
+`kvrag.digests`); the whole-payload SHA-256 is recorded too, as the payload's identity.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Literal, Mapping
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvrag.digests import CHUNK_BYTES, VerifiedBuffer, chunk_digests
 from kvrag.errors import IntegrityError
 from kvrag.fingerprints import HardwareFingerprint, ModelFingerprint
 
@@ -109,6 +112,8 @@ class StateManifest(BaseModel):
     layers: list[LayerEntry] = Field(max_length=MAX_LAYERS)
     payload_sha256: str
     payload_bytes: int = Field(ge=0, le=1 << 40)
+    payload_chunk_bytes: int = Field(default=CHUNK_BYTES, ge=1, le=1 << 30)
+    payload_chunks: list[str] = Field(default_factory=list, max_length=1 << 20)
     deposit: DepositReceipt
     signature: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
@@ -128,6 +133,8 @@ def parse_manifest(data: bytes | str) -> StateManifest:
         raise IntegrityError(f"state manifest is malformed: {str(e).splitlines()[0]}") from e
     if len(manifest.token_ids) != manifest.token_count:
         raise IntegrityError("state manifest is malformed: token_ids and token_count disagree")
+    if len(manifest.payload_chunks) != -(-manifest.payload_bytes // manifest.payload_chunk_bytes):
+        raise IntegrityError("state manifest is malformed: chunk digests do not cover the payload")
     return manifest
 
 
@@ -147,7 +154,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def decode_payload(buffer: Any, manifest: StateManifest) -> dict[str, torch.Tensor]:
-    """Tensors over `buffer` (no copy), after checking its digest and every header entry.
+    """Tensors over `buffer` (no copy), after checking its chunk digests and every header entry.
 
     `buffer` is any object with the buffer protocol (bytes, bytearray, mmap, memoryview). The
     returned tensors alias it; kvrag never writes into them (a graft concatenates into new tensors).
@@ -155,8 +162,11 @@ def decode_payload(buffer: Any, manifest: StateManifest) -> dict[str, torch.Tens
     view = memoryview(buffer).cast("B")
     if len(view) != manifest.payload_bytes:
         raise IntegrityError(f"state {manifest.key[:12]}: payload is {len(view)} bytes, manifest says {manifest.payload_bytes}")
-    if sha256_hex(view) != manifest.payload_sha256:
-        raise IntegrityError(f"state {manifest.key[:12]}: payload SHA-256 does not match its manifest")
+    checked = isinstance(buffer, VerifiedBuffer) and (
+        buffer.chunk_bytes == manifest.payload_chunk_bytes and list(buffer.chunk_digests) == manifest.payload_chunks
+    )
+    if not checked and chunk_digests(view, manifest.payload_chunk_bytes) != manifest.payload_chunks:
+        raise IntegrityError(f"state {manifest.key[:12]}: payload SHA-256 does not match its manifest (chunk digests differ)")
     header, data_start = _read_header(view)
     expected = {}
     for index, layer in enumerate(manifest.layers):

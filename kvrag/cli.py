@@ -164,6 +164,91 @@ def ask(
                   f"TTFT {r.timings.ttft_ms:.0f} ms, logits {r.first_token_logits_sha256[:16]}[/]")
 
 
+@app.command("ls", epilog="Example: kvrag ls --store redis://127.0.0.1:6379/0,disk://./states --json")
+def ls_states(
+    store: Optional[str] = typer.Option(None, help="store URL (default: disk store in the user cache)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List the states in a store, tier by tier."""
+    from kvrag.maintenance import list_states
+    from kvrag.stores import open_store
+
+    try:
+        infos = list(list_states(open_store(store)))
+    except KVRagError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps([i.model_dump() for i in infos], indent=2))
+        return
+    table = Table(title=f"{len(infos)} states")
+    for column in ("key", "tier", "model", "start", "tokens", "size", "parent", "signed"):
+        table.add_column(column)
+    for i in infos:
+        size = f"{i.payload_bytes / 2**20:.1f} MiB" if i.payload_bytes is not None else ""
+        table.add_row(i.key[:16], i.tier, i.model or f"[red]{i.error}[/]", str(i.start or 0), str(i.tokens or ""),
+                      size, (i.parent_key or "")[:12], "yes" if i.signed else "no")
+    out.print(table)
+
+
+@app.command(epilog="Example: kvrag inspect 3f2a...e9 --store disk://./states --json")
+def inspect(
+    key: str = typer.Argument(..., help="a state key (64 hex characters)"),
+    store: Optional[str] = typer.Option(None, help="store URL"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Show a state's manifest in each tier and check its payload there."""
+    from kvrag.maintenance import inspect_state
+    from kvrag.stores import open_store
+
+    try:
+        found = inspect_state(open_store(store), key)
+    except KVRagError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    for tier, entry in found.items():
+        manifest = entry.get("manifest", {})
+        out.print(f"[bold]{tier}[/]: payload {entry['payload']}")
+        if manifest:
+            fp = manifest["model_fingerprint"]
+            out.print(f"  model {fp['name']} ({fp['digest'][:16]}), {manifest['token_count']} tokens at "
+                      f"{manifest['start']}, parent {manifest['parent_key'] or '-'}, "
+                      f"{manifest['payload_bytes'] / 2**20:.1f} MiB, {len(manifest['layers'])} layers, "
+                      f"signed: {'yes' if manifest['signature'] else 'no'}")
+
+
+@app.command(epilog="Example: kvrag gc --store redis://127.0.0.1:6379/0 --other-models --model smollm2-135m --dry-run")
+def gc(
+    store: Optional[str] = typer.Option(None, help="store URL"),
+    other_models: bool = typer.Option(False, "--other-models", help="also drop states of other model fingerprints"),
+    model: str = typer.Option("smollm2-135m", help="the model whose states to keep, with --other-models"),
+    dtype: str = typer.Option("float32"),
+    attn: str = typer.Option("sdpa"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="report, delete nothing"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Drop orphan frames, stray temporary files and damaged states (and other models' states on request)."""
+    from kvrag.maintenance import collect_garbage
+    from kvrag.stores import open_store
+
+    try:
+        keep = None
+        if other_models:
+            from kvrag.models import load_model
+
+            keep = load_model(model, dtype=dtype, attn=attn).fingerprint.digest
+        report = collect_garbage(open_store(store), keep_fingerprint=keep, dry_run=dry_run)
+    except KVRagError as e:
+        _fail(e)
+    if as_json:
+        print(report.model_dump_json(indent=2))
+        return
+    verb = "would drop" if dry_run else "dropped"
+    out.print(f"{verb}: {report.orphan_frames} orphan frames, {report.stray_files} stray files, "
+              f"{len(report.damaged_states)} damaged states, {len(report.other_model_states)} states of other models")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -28,6 +28,7 @@ from kvrag.artifact import (
     state_key,
     tensor_names,
 )
+from kvrag.digests import CHUNK_BYTES, chunk_digests
 from kvrag.errors import (
     StoreError,
     StoreUnavailableError,
@@ -238,6 +239,8 @@ class KVEngine:
             layers=layers,
             payload_sha256=sha256_hex(payload),
             payload_bytes=len(payload),
+            payload_chunk_bytes=CHUNK_BYTES,
+            payload_chunks=chunk_digests(payload, CHUNK_BYTES),
             deposit=DepositReceipt(
                 canary_token_ids=canary,
                 canary_logits_sha256="",

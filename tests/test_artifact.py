@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from kvrag import IntegrityError, KVEngine, MemoryStore
 from kvrag.artifact import decode_payload, encode_payload, parse_manifest, state_key
+from kvrag.digests import chunk_digests
 
 from .conftest import DOC_A, tiny
 
@@ -50,7 +51,7 @@ def test_state_key_depends_on_everything_it_addresses():
 
 def test_oversized_header_is_refused_before_reading():
     payload = struct.pack("<Q", 1 << 40) + b"{}"
-    manifest = MANIFEST.model_copy(update={"payload_bytes": len(payload), "payload_sha256": __import__("hashlib").sha256(payload).hexdigest()})
+    manifest = _rehashed(MANIFEST, payload)
     try:
         decode_payload(payload, manifest)
     except IntegrityError as e:
@@ -62,7 +63,11 @@ def test_oversized_header_is_refused_before_reading():
 def _rehashed(manifest, payload):
     import hashlib
 
-    return manifest.model_copy(update={"payload_bytes": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest()})
+    return manifest.model_copy(update={
+        "payload_bytes": len(payload),
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "payload_chunks": chunk_digests(payload, manifest.payload_chunk_bytes),
+    })
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -127,3 +132,18 @@ def test_absurd_sizes_are_refused():
         pass
     else:
         raise AssertionError("an absurd token count was accepted")
+
+
+def test_chunk_digests_catch_damage_in_any_chunk():
+    manifest = MANIFEST.model_copy(update={"payload_chunk_bytes": 1000})
+    manifest = _rehashed(manifest, PAYLOAD)
+    assert len(manifest.payload_chunks) > 3
+    decode_payload(PAYLOAD, manifest)
+    for position in (5, 1500, len(PAYLOAD) - 1):
+        damaged = bytearray(PAYLOAD)
+        damaged[position] ^= 0x80
+        try:
+            decode_payload(bytes(damaged), manifest)
+        except IntegrityError:
+            continue
+        raise AssertionError(f"damage at {position} went unnoticed")

@@ -32,9 +32,12 @@ def test_disk_store_writes_atomically_and_reads_through_mmap(tmp_path):
     store.put(KEY, b"{}", b"payload-bytes")
     assert store.get_manifest(KEY) == b"{}"
     payload = store.get_payload(KEY)
-    assert isinstance(payload, mmap.mmap) and bytes(payload) == b"payload-bytes"
+    assert isinstance(payload.obj, mmap.mmap) and bytes(payload) == b"payload-bytes"
     payload[0:1] = b"X"  # a private mapping: the file is untouched
     assert bytes(store.get_payload(KEY)) == b"payload-bytes"
+    with open(next(tmp_path.rglob("*.kvstate")), "rb") as f:
+        data = f.read()
+    assert data.index(b"payload-bytes") % 4096 == 0  # page-aligned payload
     assert list(store.keys()) == [KEY] and KEY in store
     assert not [p for p in tmp_path.rglob(".*") if p.is_file()]  # no temporary files left behind
     store.delete(KEY)
@@ -51,9 +54,13 @@ def test_engine_on_a_disk_store_survives_a_new_process_view(tmp_path):
     assert graft.receipt.first_token_logits_sha256 == text.receipt.first_token_logits_sha256
 
 
-def test_a_manifest_without_its_payload_is_a_miss(tmp_path):
+def test_a_damaged_state_file_is_refused(tmp_path):
     engine = KVEngine(tiny("llama"), DiskStore(tmp_path))
     ref = engine.deposit(DOC_A)
-    next(tmp_path.rglob("payload.safetensors")).unlink()
+    path = next(tmp_path.rglob("*.kvstate"))
+    path.write_bytes(path.read_bytes()[:-100])  # a truncated file: the payload hash fails
     receipt = engine.generate(QUESTION, states=[ref], max_new_tokens=2).receipt
-    assert receipt.mode == "text-prefill" and receipt.states[0].reason == "missing"
+    assert receipt.mode == "text-prefill" and receipt.states[0].reason == "integrity"
+    path.write_bytes(b"garbage")
+    receipt = engine.generate(QUESTION, states=[ref], max_new_tokens=2).receipt
+    assert receipt.mode == "text-prefill" and receipt.states[0].reason == "integrity"

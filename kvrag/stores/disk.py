@@ -1,86 +1,121 @@
-"""The embedded default tier: one folder per state, written atomically, read through mmap."""
+"""The embedded default tier: one file per state, written atomically, read through mmap.
+
+A state file is `KVRAGST1`, the manifest's length (8 bytes, little-endian), the manifest, zero
+padding to a 4 KiB boundary, then the payload. One file and one rename per write means a reader
+sees the old state, the new one, or nothing, never a manifest beside another write's payload; and
+a page-aligned payload maps straight into tensors without a copy.
+"""
 
 from __future__ import annotations
 
 import mmap
 import os
-import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from kvrag.errors import StoreError
+from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import StateStore, check_key
 
 __all__ = ["DiskStore"]
 
-MANIFEST = "manifest.json"
-PAYLOAD = "payload.safetensors"
+MAGIC = b"KVRAGST1"
+SUFFIX = ".kvstate"
+_ALIGN = 4096
+_MAX_MANIFEST = 64 << 20
 
 
 class DiskStore(StateStore):
-    """States under `root/states/<key[:2]>/<key>/`: payload first, manifest last, each via rename."""
+    """States under `root/states/<key[:2]>/<key>.kvstate`."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser()
         self.url = f"disk://{self.root}"
+        self._open: dict[str, tuple[mmap.mmap | bytes, int]] = {}
 
-    def _dir(self, key: str) -> Path:
+    def _path(self, key: str) -> Path:
         check_key(key)
-        return self.root / "states" / key[:2] / key
+        return self.root / "states" / key[:2] / f"{key}{SUFFIX}"
 
-    def get_manifest(self, key: str) -> bytes | None:
+    def _map(self, key: str) -> tuple[mmap.mmap | bytes, int, bytes] | None:
+        """Map the file once: the manifest bytes and the payload's offset in the same mapping."""
         try:
-            return (self._dir(key) / MANIFEST).read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
-
-    def get_payload(self, key: str) -> mmap.mmap | bytes | None:
-        path = self._dir(key) / PAYLOAD
-        try:
-            with path.open("rb") as f:
+            with self._path(key).open("rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    return b""
+                if size < 16:
+                    raise IntegrityError(f"state file {key[:12]} is truncated")
                 # A private copy-on-write mapping: tensors view the page cache without a copy, and
                 # nothing written through them could ever reach the file.
-                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         except FileNotFoundError:
             return None
         except OSError as e:
             raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
+        if data[:8] != MAGIC:
+            raise IntegrityError(f"state file {key[:12]} is not a kvrag state")
+        (length,) = struct.unpack("<Q", data[8:16])
+        offset = _payload_offset(length)
+        if length > _MAX_MANIFEST or offset > len(data):
+            raise IntegrityError(f"state file {key[:12]} claims a {length}-byte manifest; refusing it")
+        return data, offset, bytes(data[16 : 16 + length])
+
+    def get_manifest(self, key: str) -> bytes | None:
+        mapped = self._map(key)
+        if mapped is None:
+            return None
+        data, offset, manifest = mapped
+        if len(self._open) > 64:
+            self._open.clear()
+        self._open[key] = (data, offset)  # the payload read that follows uses this same file
+        return manifest
+
+    def get_payload(self, key: str) -> memoryview | None:
+        opened = self._open.pop(key, None)
+        if opened is None:
+            mapped = self._map(key)
+            if mapped is None:
+                return None
+            opened = mapped[:2]
+        data, offset = opened
+        return memoryview(data)[offset:]
 
     def put(self, key: str, manifest: bytes, payload: bytes) -> None:
-        folder = self._dir(key)
+        path = self._path(key)
+        header = MAGIC + struct.pack("<Q", len(manifest)) + manifest
+        padding = b"\0" * (_payload_offset(len(manifest)) - len(header))
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            self._write_atomic(folder / PAYLOAD, payload)
-            self._write_atomic(folder / MANIFEST, manifest)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(header)
+                    f.write(padding)
+                    f.write(payload)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         except OSError as e:
             raise StoreError(f"cannot write {key[:12]} to {self.url}: {e}") from e
 
-    @staticmethod
-    def _write_atomic(path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
     def delete(self, key: str) -> None:
-        folder = self._dir(key)
-        (folder / MANIFEST).unlink(missing_ok=True)  # manifest first: readers see a miss, never a half
-        shutil.rmtree(folder, ignore_errors=True)
+        self._open.pop(key, None)
+        self._path(key).unlink(missing_ok=True)
 
     def keys(self) -> Iterator[str]:
         base = self.root / "states"
         if not base.is_dir():
             return iter(())
-        return (p.parent.name for p in sorted(base.glob(f"??/*/{MANIFEST}")))
+        return (p.name.removesuffix(SUFFIX) for p in sorted(base.glob(f"??/*{SUFFIX}")))
+
+    def stray_files(self) -> list[Path]:
+        """Temporary files left by writes that were interrupted (what `kvrag gc` removes)."""
+        base = self.root / "states"
+        return sorted(base.glob("??/.*")) if base.is_dir() else []
+
+
+def _payload_offset(manifest_length: int) -> int:
+    return -(-(16 + manifest_length) // _ALIGN) * _ALIGN

@@ -9,15 +9,17 @@ named by the payload's digest, so two writers of the same key never mix their fr
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Future
 from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kvrag.digests import CHUNK_BYTES, VerifiedBuffer, chunk_digests, hash_pool
 from kvrag.errors import IntegrityError
 
-__all__ = ["FrameRecord", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "make_record", "parse_record", "split", "assemble"]
+__all__ = ["FrameRecord", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "Assembler", "make_record", "parse_record", "split", "assemble"]
 
-DEFAULT_FRAME_BYTES = 8 << 20
+DEFAULT_FRAME_BYTES = CHUNK_BYTES  # the manifest's chunk size: frame checks then stand for the payload check
 MAX_STATE_BYTES = 1 << 36  # 64 GiB: anything larger is a forged or corrupt record
 _HEX64 = r"^[0-9a-f]{64}$"
 
@@ -57,7 +59,7 @@ def make_record(manifest: bytes, payload: bytes | memoryview, frame_bytes: int =
         payload_sha256=hashlib.sha256(payload).hexdigest(),
         payload_bytes=len(payload),
         frame_bytes=frame_bytes,
-        frames=[hashlib.sha256(f).hexdigest() for f in frames],
+        frames=chunk_digests(payload, frame_bytes),
     )
     return record, frames
 
@@ -75,19 +77,54 @@ def split(payload: bytes | memoryview, frame_bytes: int) -> list[memoryview]:
     return [view[i : i + frame_bytes] for i in range(0, len(view), frame_bytes)]
 
 
-def assemble(record: FrameRecord, frames: Sequence[bytes | None]) -> bytearray | None:
-    """One buffer from the frames, each checked; `None` if any frame is missing."""
+class Assembler:
+    """Frames checked and copied into one buffer as they arrive, on the hashing threads.
+
+    Feed batches in order with `add`; `result()` waits for the checks and returns the buffer,
+    marked with the digests it was checked against, or raises `IntegrityError`.
+    """
+
+    def __init__(self, record: FrameRecord, max_bytes: int = MAX_STATE_BYTES) -> None:
+        if record.payload_bytes > max_bytes:
+            raise IntegrityError(f"frame record claims {record.payload_bytes} bytes, over this store's limit of {max_bytes}")
+        self.record = record
+        self.buffer = VerifiedBuffer(record.payload_bytes)
+        self._view = memoryview(self.buffer)
+        self._next = 0
+        self._checks: list[Future[None]] = []
+
+    def add(self, frames: Sequence[bytes | None]) -> bool:
+        """Queue a batch; False if a frame is missing (the state is a miss)."""
+        for frame in frames:
+            index = self._next
+            if frame is None:
+                return False
+            if index >= len(self.record.frames) or len(frame) != self.record.frame_length(index):
+                raise IntegrityError(f"frame {index} is {len(frame)} bytes, expected {self.record.frame_length(min(index, len(self.record.frames) - 1))}")
+            self._checks.append(hash_pool().submit(self._check_and_copy, index, frame))
+            self._next += 1
+        return True
+
+    def _check_and_copy(self, index: int, frame: bytes) -> None:
+        if hashlib.sha256(frame).hexdigest() != self.record.frames[index]:
+            raise IntegrityError(f"frame {index} does not match its SHA-256")
+        offset = index * self.record.frame_bytes
+        self._view[offset : offset + len(frame)] = frame
+
+    def result(self) -> VerifiedBuffer:
+        for check in self._checks:
+            check.result()
+        if self._next != len(self.record.frames):
+            raise IntegrityError(f"{self._next} frames arrived, the record lists {len(self.record.frames)}")
+        self.buffer.chunk_bytes = self.record.frame_bytes
+        self.buffer.chunk_digests = list(self.record.frames)
+        return self.buffer
+
+
+def assemble(record: FrameRecord, frames: Sequence[bytes | None]) -> VerifiedBuffer | None:
+    """One buffer from all the frames, each checked; `None` if any frame is missing."""
     if len(frames) != len(record.frames) or any(f is None for f in frames):
         return None
-    for index, frame in enumerate(frames):
-        if len(frame) != record.frame_length(index):  # type: ignore[arg-type]
-            raise IntegrityError(f"frame {index} is {len(frame)} bytes, expected {record.frame_length(index)}")  # type: ignore[arg-type]
-    buffer = bytearray(record.payload_bytes)
-    view = memoryview(buffer)
-    offset = 0
-    for index, frame in enumerate(frames):
-        if hashlib.sha256(frame).hexdigest() != record.frames[index]:  # type: ignore[arg-type]
-            raise IntegrityError(f"frame {index} does not match its SHA-256")
-        view[offset : offset + len(frame)] = frame  # type: ignore[arg-type]
-        offset += len(frame)  # type: ignore[arg-type]
-    return buffer
+    assembler = Assembler(record)
+    assembler.add(frames)
+    return assembler.result()

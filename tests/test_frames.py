@@ -1,0 +1,75 @@
+"""Property-based fuzzing of the frame layer: nothing escapes but IntegrityError (or a miss)."""
+
+import hashlib
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvrag import IntegrityError
+from kvrag.stores.frames import FrameRecord, assemble, make_record, parse_record, split
+
+PAYLOAD = bytes(range(256)) * 40
+RECORD, FRAMES = make_record(b'{"manifest": true}', PAYLOAD, frame_bytes=1000)
+RECORD_JSON = RECORD.model_dump_json()
+
+
+def test_split_and_assemble_round_trip():
+    assert len(FRAMES) == 11 and RECORD.frame_length(10) == 240
+    assert bytes(assemble(RECORD, [bytes(f) for f in FRAMES])) == PAYLOAD
+    assert assemble(RECORD, [bytes(f) for f in FRAMES[:-1]] + [None]) is None
+    assert [bytes(f) for f in split(PAYLOAD, 4096)][0] == PAYLOAD[:4096]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=600), st.text(max_size=600)))
+def test_random_records(data):
+    try:
+        parse_record(data)
+    except IntegrityError:
+        pass
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.text(max_size=70),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(json.loads(RECORD_JSON))), json_values)
+def test_records_with_a_field_replaced(field, value):
+    data = json.loads(RECORD_JSON)
+    data[field] = value
+    try:
+        record = parse_record(json.dumps(data))
+    except IntegrityError:
+        return
+    assert isinstance(record, FrameRecord)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_damaged_frames(data):
+    frames = [bytes(f) for f in FRAMES]
+    index = data.draw(st.integers(0, len(frames) - 1))
+    action = data.draw(st.sampled_from(["flip", "truncate", "extend", "drop", "replace"]))
+    if action == "flip":
+        pos = data.draw(st.integers(0, len(frames[index]) - 1))
+        frame = bytearray(frames[index])
+        frame[pos] ^= data.draw(st.integers(1, 255))
+        frames[index] = bytes(frame)
+    elif action == "truncate":
+        frames[index] = frames[index][: data.draw(st.integers(0, len(frames[index]) - 1))]
+    elif action == "extend":
+        frames[index] += data.draw(st.binary(min_size=1, max_size=10))
+    elif action == "drop":
+        frames[index] = None
+    else:
+        frames[index] = data.draw(st.binary(max_size=1100))
+    try:
+        result = assemble(RECORD, frames)
+    except IntegrityError:
+        return
+    assert result is None or hashlib.sha256(result).hexdigest() == RECORD.payload_sha256
