@@ -21,7 +21,9 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kvrag demo
 
+# The tests start their own throwaway redis-server processes (never the shared one on 6379).
 test: setup
+	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 verify: setup
@@ -29,6 +31,7 @@ verify: setup
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/ttft.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/stores.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -21,12 +21,13 @@ from kvrag.errors import (
     StateError,
     StateNotFoundError,
     StoreError,
+    StoreUnavailableError,
     VerificationError,
 )
 from kvrag.fingerprints import HardwareFingerprint, ModelFingerprint, hardware_fingerprint
 from kvrag.models import LoadedModel, load_model
 from kvrag.receipt import Receipt, StateUse, Timings
-from kvrag.stores import DiskStore, MemoryStore, StateStore, open_store
+from kvrag.stores import DiskStore, MemoryStore, RedisStore, StateStore, TieredStore, open_store
 from kvrag.verify import VerifyReport, verify_model
 
 __version__ = "0.1.0"
@@ -48,6 +49,8 @@ __all__ = [
     "StateStore",
     "DiskStore",
     "MemoryStore",
+    "RedisStore",
+    "TieredStore",
     "verify_model",
     "VerifyReport",
     "KVRagError",
@@ -61,4 +64,5 @@ __all__ = [
     "ForeignStateError",
     "VerificationError",
     "StoreError",
+    "StoreUnavailableError",
 ]

@@ -5,7 +5,8 @@ EXPECTED = {
     "StateManifest", "ModelFingerprint", "HardwareFingerprint", "hardware_fingerprint", "open_store",
     "StateStore", "DiskStore", "MemoryStore", "verify_model", "VerifyReport", "KVRagError", "InputError",
     "EmptyTextError", "ContextTooLongError", "ModelError", "StateError", "StateNotFoundError",
-    "IntegrityError", "ForeignStateError", "VerificationError", "StoreError",
+    "IntegrityError", "ForeignStateError", "VerificationError", "StoreError", "StoreUnavailableError",
+    "RedisStore", "TieredStore",
 }
 
 
