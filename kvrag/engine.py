@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -50,7 +50,7 @@ from kvrag.stores import StateStore, open_store
 
 log = logging.getLogger("kvrag")
 
-__all__ = ["KVEngine", "StateRef", "Generation", "CANARY_QUESTION", "logits_sha256"]
+__all__ = ["KVEngine", "StateRef", "Generation", "GenerationStream", "CANARY_QUESTION", "logits_sha256"]
 
 #: The fixed probe run after every deposit: its logits after the graft must equal a fresh run's.
 CANARY_QUESTION = "Which words of the text above matter most?"
@@ -77,6 +77,7 @@ class Generation:
     tokens: list[int]
     receipt: Receipt
     first_token_logits: torch.Tensor = field(repr=False)
+    finish_reason: str = "stop"  # "stop": an end token or stop string; "length": max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -391,10 +392,58 @@ class KVEngine:
         *,
         states: Sequence[StateRef | str] | None = None,
         max_new_tokens: int = 64,
+        stop: Sequence[str] | None = None,
         graft: bool = True,
         approximate: bool = False,
         deposit_missing: bool = False,
     ) -> Generation:
+        """Answer `query` after the documents in `states`; see `stream` for the same, token by token."""
+        stream = self.stream(query, states=states, max_new_tokens=max_new_tokens, stop=stop, graft=graft,
+                             approximate=approximate, deposit_missing=deposit_missing)
+        for _ in stream:
+            pass
+        assert stream.generation is not None
+        return stream.generation
+
+    def stream(
+        self,
+        query: str,
+        *,
+        states: Sequence[StateRef | str] | None = None,
+        max_new_tokens: int = 64,
+        stop: Sequence[str] | None = None,
+        graft: bool = True,
+        approximate: bool = False,
+        deposit_missing: bool = False,
+    ) -> "GenerationStream":
+        """Iterate over the answer's text as it is decoded; `.generation` holds the result after.
+
+        Input errors are raised here, before the first step.
+        """
+        if max_new_tokens < 1:
+            raise InputError("max_new_tokens must be at least 1")
+        requested = list(states or [])
+        texts = [r.text if isinstance(r, StateRef) else r for r in requested]
+        segments = self.plan(texts)
+        question = self.layout.question_ids(query)
+        if not segments:
+            question = list(self.layout.prefix_ids) + question
+        self._check_length((segments[-1].end if segments else 0) + len(question))
+        return GenerationStream(self._steps(requested, texts, segments, question, max_new_tokens, stop or (),
+                                            graft, approximate, deposit_missing))
+
+    def _steps(
+        self,
+        requested: list[StateRef | str],
+        texts: list[str],
+        segments: list[_Segment],
+        question: list[int],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        graft: bool,
+        approximate: bool,
+        deposit_missing: bool,
+    ) -> Iterator[str]:
         """Answer `query` after the documents in `states`, grafting every state that checks out.
 
         `states` are refs from `deposit` (or plain document texts), in prompt order. A state is
@@ -405,17 +454,8 @@ class KVEngine:
         the receipt says `approximate-graft`, `exact=False`. With `deposit_missing`, the chain is
         deposited afterwards so the next identical ask grafts.
         """
-        if max_new_tokens < 1:
-            raise InputError("max_new_tokens must be at least 1")
         began = time.perf_counter()
-        requested = list(states or [])
-        texts = [r.text if isinstance(r, StateRef) else r for r in requested]
-        segments = self.plan(texts)
-        question = self.layout.question_ids(query)
-        if not segments:
-            question = list(self.layout.prefix_ids) + question
         prompt_len = (segments[-1].end if segments else 0) + len(question)
-        self._check_length(prompt_len)
 
         run = _Prefill(self)
         uses: list[StateUse] = []
@@ -456,9 +496,13 @@ class KVEngine:
         first_logits = logits.clone()
 
         t = time.perf_counter()
+        text = _TextDecoder(self.model.tokenizer, self.layout.stop_ids, stop)
+        yield from text.push(tokens[-1])
         limit = min(max_new_tokens, self.model.max_positions - prompt_len)
-        while len(tokens) < limit and tokens[-1] not in self.layout.stop_ids:
+        while not text.done and len(tokens) < limit:
             tokens.append(int(torch.argmax(self._forward([tokens[-1]], run.cache))))
+            yield from text.push(tokens[-1])
+        yield from text.flush()
         decode_s = time.perf_counter() - t
 
         sources = [u.source for u in uses]
@@ -488,9 +532,8 @@ class KVEngine:
         )
         if deposit_missing and texts and any(u.source != "graft" for u in uses):
             self.deposit_chain(texts)
-        answer_ids = [tok for tok in tokens if tok not in self.layout.stop_ids]
-        text = self.model.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
-        return Generation(text=text, tokens=tokens, receipt=receipt, first_token_logits=first_logits)
+        return Generation(text=text.text.strip(), tokens=tokens, receipt=receipt, first_token_logits=first_logits,
+                          finish_reason="stop" if text.done else "length")
 
     def _moved_part(self, segment: _Segment, ref: StateRef) -> _Fetched:
         """`ref`'s document K/V moved to `segment`'s position: approximate, never exact."""
@@ -516,6 +559,57 @@ class KVEngine:
         part = StatePart(new_start, segment.end, manifest.layers, tensors)
         prefix = segment.ids[: len(segment.ids) - n]
         return _Fetched(manifest, part, source.tier, source.notes, prefix)
+
+
+class GenerationStream:
+    """The answer's text, delta by delta; after the last one, `generation` holds the result."""
+
+    def __init__(self, steps: Iterator[str]) -> None:
+        self._steps = steps
+        self.generation: Generation | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        self.generation = yield from self._steps
+
+
+class _TextDecoder:
+    """Token ids to text deltas: whole characters only, cut at the first stop string."""
+
+    def __init__(self, tokenizer: Any, stop_ids: frozenset[int], stop: Sequence[str]) -> None:
+        self.tokenizer, self.stop_ids, self.stop = tokenizer, stop_ids, [s for s in stop if s]
+        self.ids: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.done = False
+        self._hold = max((len(s) for s in self.stop), default=1) - 1
+
+    def push(self, token: int) -> Iterator[str]:
+        if self.done:
+            return
+        if token in self.stop_ids:
+            self.done = True
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
+            return
+        cuts = [text.find(s) for s in self.stop if s in text]
+        if cuts:
+            text, self.done = text[: min(cuts)], True
+        self.text = text
+        yield from self._emit(len(text) if self.done else len(text) - self._hold)
+
+    def flush(self) -> Iterator[str]:
+        yield from self._emit(len(self.text))
+
+    def _emit(self, upto: int) -> Iterator[str]:
+        if upto > self.emitted:
+            delta = self.text[self.emitted : upto]
+            if self.emitted == 0:
+                delta = delta.lstrip()
+            self.emitted = upto
+            if delta:
+                yield delta
 
 
 class _Prefill:
