@@ -159,6 +159,21 @@ class KVEngine:
         self._check_after(after)
         return self._ref(self.plan([text], after=after)[0])
 
+    def deposited(self, ref: StateRef) -> bool:
+        """Whether some tier holds a manifest for `ref` (cheap: the payload is not read)."""
+        for tier in self.tiers:
+            try:
+                if tier.get_manifest(ref.key) is not None:
+                    return True
+            except StoreError:
+                continue
+        return False
+
+    def ensure(self, text: str, *, after: StateRef | None = None) -> StateRef:
+        """The ref for `text`, deposited first if no tier has it yet (what retrievers call)."""
+        ref = self.ref(text, after=after)
+        return ref if self.deposited(ref) else self.deposit(text, after=after)
+
     def _ref(self, segment: _Segment) -> StateRef:
         return StateRef(
             key=segment.key,
@@ -192,6 +207,10 @@ class KVEngine:
         with torch.inference_mode():
             out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
+
+    def _pick(self, logits: torch.Tensor) -> int:
+        """Greedy choice among the ids the tokenizer has (padded vocabulary rows are never chosen)."""
+        return int(torch.argmax(logits[: min(len(self.model.tokenizer), logits.shape[-1])]))
 
     def _canary_ids(self) -> list[int]:
         return self.layout.question_ids(CANARY_QUESTION)
@@ -491,7 +510,7 @@ class KVEngine:
                                  reason=reason, detail=detail, requested_key=requested_key))
         run.flush()
         logits = run.text(question)
-        tokens = [int(torch.argmax(logits))]
+        tokens = [self._pick(logits)]
         ttft_s = time.perf_counter() - began
         first_logits = logits.clone()
 
@@ -500,7 +519,7 @@ class KVEngine:
         yield from text.push(tokens[-1])
         limit = min(max_new_tokens, self.model.max_positions - prompt_len)
         while not text.done and len(tokens) < limit:
-            tokens.append(int(torch.argmax(self._forward([tokens[-1]], run.cache))))
+            tokens.append(self._pick(self._forward([tokens[-1]], run.cache)))
             yield from text.push(tokens[-1])
         yield from text.flush()
         decode_s = time.perf_counter() - t
@@ -600,6 +619,10 @@ class _TextDecoder:
         yield from self._emit(len(text) if self.done else len(text) - self._hold)
 
     def flush(self) -> Iterator[str]:
+        if not self.done:  # whatever is left, replacement characters included
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            cuts = [text.find(s) for s in self.stop if s in text]
+            self.text = text[: min(cuts)] if cuts else text
         yield from self._emit(len(self.text))
 
     def _emit(self, upto: int) -> Iterator[str]:

@@ -1,0 +1,170 @@
+"""`ChatKVRAG`: a LangChain chat model that grafts the states of the documents it is handed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from pydantic import ConfigDict, Field
+
+from kvrag import Generation, KVEngine, load_model
+from langchain_kvrag.retrievers import STATE_KEY
+
+__all__ = ["ChatKVRAG"]
+
+_ENGINES: dict[tuple[str, str | None, str | None, str | None], KVEngine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _split(messages: list[BaseMessage]) -> tuple[list[str], str]:
+    """Documents (text blocks that carry a state key), in order, and the rest as the question."""
+    documents: list[str] = []
+    turns: list[tuple[str, str]] = []
+    for message in messages:
+        parts: list[str] = []
+        content = message.content if isinstance(message.content, list) else [message.content]
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict) and block.get("type") == "text":
+                extras = block.get("extras") or {}
+                if extras.get(STATE_KEY) or block.get(STATE_KEY):
+                    documents.append(block["text"])
+                else:
+                    parts.append(block["text"])
+        text = "\n".join(p for p in parts if p.strip())
+        if text:
+            turns.append((message.type, text))
+    if len(turns) == 1:
+        return documents, turns[0][1]
+    names = {"human": "User", "ai": "Assistant", "system": "System"}
+    return documents, "\n".join(f"{names.get(role, role.title())}: {text}" for role, text in turns)
+
+
+class ChatKVRAG(BaseChatModel):
+    """Chat model over a `KVEngine`: documents arriving as state blocks are grafted from their
+    verified states (re-read as text when a state cannot be grafted); the receipt is in
+    `response_metadata["kvrag_receipt"]`. Decoding is greedy (deterministic); `temperature`,
+    `timeout` and `max_retries` are accepted for compatibility and change nothing.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    engine: KVEngine | None = Field(default=None, exclude=True)
+    model_name: str = Field(default="smollm2-135m", alias="model")
+    store: str | None = None
+    dtype: str | None = None
+    attn: str | None = None
+    max_tokens: int = 64
+    stop: list[str] | None = None
+    temperature: float = 0.0
+    timeout: float | None = None
+    max_retries: int = 0
+    deposit_missing: bool = True
+    graft: bool = True  # False: re-read every document as text, same tokens and segments (plain text RAG)
+
+    @property
+    def _llm_type(self) -> str:
+        return "kvrag"
+
+    def _engine(self) -> KVEngine:
+        if self.engine is not None:
+            return self.engine
+        key = (self.model_name, self.dtype, self.attn, self.store)
+        with _ENGINES_LOCK:
+            if key not in _ENGINES:
+                _ENGINES[key] = KVEngine(load_model(self.model_name, dtype=self.dtype, attn=self.attn), self.store)
+            return _ENGINES[key]
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        engine = self._engine()
+        return {"model_name": engine.model.name, "model_fingerprint": engine.fingerprint, "store": engine.store.url}
+
+    def _stream_answer(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
+        documents, question = _split(messages)
+        return self._engine().stream(
+            question or " ",
+            states=documents,
+            max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
+            stop=stop if stop is not None else self.stop,
+            graft=self.graft,
+            deposit_missing=self.deposit_missing and self.graft,
+        )
+
+    def _final(self, generation: Generation) -> tuple[UsageMetadata, dict[str, Any]]:
+        receipt = generation.receipt
+        prompt_tokens = receipt.tokens_reused + receipt.tokens_prefilled
+        usage = UsageMetadata(
+            input_tokens=prompt_tokens,
+            output_tokens=receipt.decode_tokens,
+            total_tokens=prompt_tokens + receipt.decode_tokens,
+            input_token_details={"cache_read": receipt.tokens_reused},
+        )
+        metadata = {
+            "model_name": self._engine().model.name,
+            "model_provider": "kvrag",
+            "finish_reason": generation.finish_reason,
+            "kvrag_receipt": receipt.model_dump(mode="json"),
+        }
+        return usage, metadata
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        stream = self._stream_answer(messages, stop, kwargs)
+        for _ in stream:
+            pass
+        generation = stream.generation
+        assert generation is not None
+        usage, metadata = self._final(generation)
+        message = AIMessage(content=generation.text, usage_metadata=usage, response_metadata=metadata)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        stream = self._stream_answer(messages, stop, kwargs)
+        for delta in stream:
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+            if run_manager:
+                run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+        assert stream.generation is not None
+        usage, metadata = self._final(stream.generation)
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")
+        )
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        # The model runs on a worker thread; the event loop stays free between tokens.
+        iterator = self._stream(messages, stop, None, **kwargs)
+        done = object()
+        while True:
+            chunk = await asyncio.to_thread(next, iterator, done)
+            if chunk is done:
+                break
+            if run_manager and chunk.message.content:  # type: ignore[union-attr]
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)  # type: ignore[union-attr]
+            yield chunk  # type: ignore[misc]
