@@ -174,6 +174,12 @@ class KVEngine:
         ref = self.ref(text, after=after)
         return ref if self.deposited(ref) else self.deposit(text, after=after)
 
+    def resolve(self, text: str, key: str) -> StateRef | str:
+        """What a framework hands over (a document's text and the state key it was retrieved with)
+        as `generate` input: this engine's root ref when the key is its own, else the plain text."""
+        ref = self.ref(text)
+        return ref if ref.key == key else text
+
     def _ref(self, segment: _Segment) -> StateRef:
         return StateRef(
             key=segment.key,

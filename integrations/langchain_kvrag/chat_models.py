@@ -23,9 +23,9 @@ _ENGINES: dict[tuple[str, str | None, str | None, str | None], KVEngine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def _split(messages: list[BaseMessage]) -> tuple[list[str], str]:
-    """Documents (text blocks that carry a state key), in order, and the rest as the question."""
-    documents: list[str] = []
+def _split(messages: list[BaseMessage]) -> tuple[list[tuple[str, str]], str]:
+    """Documents (text blocks that carry a state key) as (text, key), in order; the rest is the question."""
+    documents: list[tuple[str, str]] = []
     turns: list[tuple[str, str]] = []
     for message in messages:
         parts: list[str] = []
@@ -35,8 +35,9 @@ def _split(messages: list[BaseMessage]) -> tuple[list[str], str]:
                 parts.append(block)
             elif isinstance(block, dict) and block.get("type") == "text":
                 extras = block.get("extras") or {}
-                if extras.get(STATE_KEY) or block.get(STATE_KEY):
-                    documents.append(block["text"])
+                key = extras.get(STATE_KEY) or block.get(STATE_KEY)
+                if key:
+                    documents.append((block["text"], str(key)))
                 else:
                     parts.append(block["text"])
         text = "\n".join(p for p in parts if p.strip())
@@ -90,9 +91,10 @@ class ChatKVRAG(BaseChatModel):
 
     def _stream_answer(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
         documents, question = _split(messages)
-        return self._engine().stream(
+        engine = self._engine()
+        return engine.stream(
             question or " ",
-            states=documents,
+            states=[engine.resolve(text, key) for text, key in documents],
             max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
             stop=stop if stop is not None else self.stop,
             graft=self.graft,
