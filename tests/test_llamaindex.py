@@ -1,0 +1,128 @@
+"""LlamaIndex pipelines on kvrag (LlamaIndex ships no standard suite): retriever, LLM, synthesizer and
+query engine inside `RetrieverQueryEngine`, sync, async and streaming, with receipts that show the graft."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import MetadataMode, QueryBundle, TextNode
+
+from kvrag import KVEngine, MemoryStore, load_model
+from kvrag.samples import sample_docs
+from llama_index.llms.kvrag import KVQueryEngine, KVRagLLM, KVSynthesizer
+from llama_index.retrievers.kvrag import STATE_KEY, KVRetriever
+
+from .conftest import tiny
+
+QUESTION = "Who built the lighthouse at Varrow Point?"
+
+
+@pytest.fixture
+def nodes():
+    return [TextNode(id_=d.id, text=d.text, metadata={"title": d.title}) for d in sample_docs()]
+
+
+@pytest.fixture
+def tiny_engine():
+    return KVEngine(tiny("llama"), MemoryStore())
+
+
+def test_retriever_nodes_carry_hidden_json_safe_state_keys(tiny_engine, nodes):
+    retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=2)
+    found = retriever.retrieve(QUESTION)
+    assert len(found) == 2 and found[0].node.node_id == "varrow-lighthouse"
+    node = found[0].node
+    assert len(node.metadata[STATE_KEY]) == 64 and tiny_engine.deposited(tiny_engine.ref(node.text))
+    assert STATE_KEY not in node.get_content(MetadataMode.LLM) and STATE_KEY not in node.get_content(MetadataMode.EMBED)
+    json.dumps(node.metadata)
+    wrapped = KVRetriever.from_defaults(KVEngine(tiny("llama"), MemoryStore()), retriever=retriever, similarity_top_k=1)
+    assert [n.node.node_id for n in wrapped.retrieve(QUESTION)] == ["varrow-lighthouse"]
+
+
+async def test_async_retrieval(tiny_engine, nodes):
+    retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=1)
+    found = await retriever.aretrieve(QueryBundle(QUESTION))
+    assert found[0].node.metadata[STATE_KEY] == retriever.retrieve(QUESTION)[0].node.metadata[STATE_KEY]
+
+
+def test_llm_complete_and_stream_complete(tiny_engine):
+    llm = KVRagLLM(engine=tiny_engine, max_new_tokens=6)
+    ref = tiny_engine.deposit("Paris is the capital of France.")
+    whole = llm.complete("What is the capital?", states=[ref])
+    assert whole.additional_kwargs["kvrag_receipt"]["mode"] == "exact-graft"
+    pieces = list(llm.stream_complete("What is the capital?", states=[ref]))
+    assert pieces[-1].text == whole.text and pieces[-1].additional_kwargs["kvrag_receipt"]["mode"] == "exact-graft"
+    assert llm.metadata.model_name == "tiny-random-llama" and llm.metadata.context_window == 4096
+
+
+def test_inside_retriever_query_engine_sync_async_and_streaming(tiny_engine, nodes):
+    import asyncio
+
+    retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=1)
+    llm = KVRagLLM(engine=tiny_engine, max_new_tokens=6)
+    engine = RetrieverQueryEngine(retriever=retriever, response_synthesizer=KVSynthesizer(llm))
+    sync = engine.query(QUESTION)
+    assert sync.metadata["kvrag_receipt"]["mode"] == "exact-graft"
+    assert sync.source_nodes[0].node.metadata[STATE_KEY] == sync.metadata["kvrag_receipt"]["states"][0]["key"]
+    async_response = asyncio.run(engine.aquery(QUESTION))
+    assert str(async_response) == str(sync) and async_response.metadata["kvrag_receipt"]["mode"] == "exact-graft"
+
+    streaming = RetrieverQueryEngine(retriever=retriever, response_synthesizer=KVSynthesizer(llm, streaming=True))
+    streamed = streaming.query(QUESTION)
+    assert "".join(streamed.response_gen).strip() == str(sync)
+    assert streamed.metadata["kvrag_receipt"]["mode"] == "exact-graft"
+
+    async def astream() -> tuple[str, dict]:
+        response = await streaming.aquery(QUESTION)
+        text = "".join([delta async for delta in response.async_response_gen()])
+        return text, response.metadata
+
+    text, metadata = asyncio.run(astream())
+    assert text.strip() == str(sync) and metadata["kvrag_receipt"]["mode"] == "exact-graft"
+
+
+def test_a_plain_llm_swap_cannot_graft_and_says_so(tiny_engine, nodes):
+    from llama_index.core import get_response_synthesizer
+
+    retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=1)
+    llm = KVRagLLM(engine=tiny_engine, max_new_tokens=4)
+    engine = RetrieverQueryEngine(retriever=retriever, response_synthesizer=get_response_synthesizer(llm=llm))
+    assert engine.query(QUESTION).response is not None  # it answers; only KVSynthesizer hands over states
+
+
+@pytest.mark.slow
+def test_the_example_query_engine_grafts_and_matches_plain_text():
+    path = pathlib.Path(__file__).parents[1] / "examples" / "llamaindex_rag.py"
+    spec = importlib.util.spec_from_file_location("llamaindex_rag_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(questions=18)
+    assert len(rows) == 18
+    for row in rows:
+        assert row["mode"] == "exact-graft" and row["text_mode"] == "text-prefill"
+        assert row["answer"] == row["text_answer"]
+
+
+@pytest.mark.slow
+def test_fallback_for_another_models_state_and_a_missing_state(smollm2, nodes):
+    other = KVEngine(load_model("smollm2-135m", dtype="bfloat16"), MemoryStore())
+    ours = KVEngine(smollm2, MemoryStore())
+    retriever = KVRetriever.from_defaults(other, nodes=nodes, similarity_top_k=1)
+    llm = KVRagLLM(engine=ours, max_new_tokens=16)
+    response = RetrieverQueryEngine(retriever=retriever, response_synthesizer=KVSynthesizer(llm)).query(QUESTION)
+    assert response.metadata["kvrag_receipt"]["mode"] == "text-prefill" and "Quill" in str(response)
+
+    query_engine = KVQueryEngine.from_engine(ours, nodes=nodes, max_new_tokens=16)
+    first = query_engine.query(QUESTION)
+    assert first.metadata["kvrag_receipt"]["mode"] == "exact-graft"
+    ours.store.delete(first.source_nodes[0].node.metadata[STATE_KEY])
+    retriever = query_engine.retriever
+    nodes_found = retriever.retrieve(QUESTION)  # re-deposits on sight...
+    ours.store.delete(nodes_found[0].node.metadata[STATE_KEY])  # ...so remove it again before answering
+    response = KVSynthesizer(llm).synthesize(QUESTION, nodes_found)
+    assert response.metadata["kvrag_receipt"]["mode"] == "text-prefill"
+    assert str(response) == str(first)
