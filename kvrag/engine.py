@@ -628,7 +628,7 @@ class _TextDecoder:
         if not self.done:  # whatever is left, replacement characters included
             text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
             cuts = [text.find(s) for s in self.stop if s in text]
-            self.text = text[: min(cuts)] if cuts else text
+            self.text, self.done = (text[: min(cuts)], True) if cuts else (text, False)
         yield from self._emit(len(self.text))
 
     def _emit(self, upto: int) -> Iterator[str]:
