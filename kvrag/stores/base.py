@@ -8,9 +8,17 @@ from typing import Any, Iterator
 
 from kvrag.errors import StoreError
 
-__all__ = ["StateStore", "check_key"]
+__all__ = ["StateStore", "check_key", "check_blob_name"]
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
+_BLOB = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[0-9a-f]{64}$")
+
+
+def check_blob_name(name: str) -> str:
+    """Blob names are `namespace/<64 hex>`: safe as file names and Redis keys alike."""
+    if not isinstance(name, str) or not _BLOB.match(name):
+        raise StoreError(f"invalid blob name {name!r}: expected namespace/<64 hex characters>")
+    return name
 
 
 def check_key(key: str) -> str:
@@ -44,6 +52,19 @@ class StateStore(ABC):
 
     @abstractmethod
     def keys(self) -> Iterator[str]: ...
+
+    # Small records beside the states (memo entries, LLM cache lines): plain GET/SET semantics.
+    @abstractmethod
+    def get_blob(self, name: str) -> bytes | None: ...
+
+    @abstractmethod
+    def put_blob(self, name: str, data: bytes, *, ttl: int | None = None) -> None: ...
+
+    @abstractmethod
+    def delete_blob(self, name: str) -> None: ...
+
+    @abstractmethod
+    def blob_names(self, namespace: str) -> Iterator[str]: ...
 
     def __contains__(self, key: str) -> bool:
         return self.get_manifest(key) is not None

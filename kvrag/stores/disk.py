@@ -12,11 +12,12 @@ import mmap
 import os
 import struct
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
 from kvrag.errors import IntegrityError, StoreError
-from kvrag.stores.base import StateStore, check_key
+from kvrag.stores.base import StateStore, check_blob_name, check_key
 
 __all__ = ["DiskStore"]
 
@@ -110,6 +111,44 @@ class DiskStore(StateStore):
         if not base.is_dir():
             return iter(())
         return (p.name.removesuffix(SUFFIX) for p in sorted(base.glob(f"??/*{SUFFIX}")))
+
+    def _blob_path(self, name: str) -> Path:
+        namespace, digest = check_blob_name(name).split("/")
+        return self.root / "blobs" / namespace / digest
+
+    def get_blob(self, name: str) -> bytes | None:
+        path = self._blob_path(name)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreError(f"cannot read {name} from {self.url}: {e}") from e
+        expires, _, body = data.partition(b"\n")
+        if expires and float(expires) < time.time():
+            return None
+        return body
+
+    def put_blob(self, name: str, data: bytes, *, ttl: int | None = None) -> None:
+        path = self._blob_path(name)
+        expires = f"{time.time() + ttl:.3f}".encode() if ttl else b""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            with os.fdopen(fd, "wb") as f:
+                f.write(expires + b"\n" + data)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise StoreError(f"cannot write {name} to {self.url}: {e}") from e
+
+    def delete_blob(self, name: str) -> None:
+        self._blob_path(name).unlink(missing_ok=True)
+
+    def blob_names(self, namespace: str) -> Iterator[str]:
+        folder = self.root / "blobs" / namespace
+        if not folder.is_dir():
+            return iter(())
+        return (f"{namespace}/{p.name}" for p in sorted(folder.iterdir()) if not p.name.startswith(".") and self.get_blob(f"{namespace}/{p.name}") is not None)
 
     def stray_files(self) -> list[Path]:
         """Temporary files left by writes that were interrupted (what `kvrag gc` removes)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from typing import Iterator
 
-from kvrag.stores.base import StateStore, check_key
+import time
+
+from kvrag.stores.base import StateStore, check_blob_name, check_key
 
 __all__ = ["MemoryStore"]
 
@@ -15,6 +17,7 @@ class MemoryStore(StateStore):
         self.url = "memory://"
         self._states: dict[str, tuple[bytes, bytes]] = {}
         self._lock = threading.Lock()
+        self._blobs: dict[str, tuple[bytes, float | None]] = {}
 
     def get_manifest(self, key: str) -> bytes | None:
         state = self._states.get(check_key(key))
@@ -34,3 +37,20 @@ class MemoryStore(StateStore):
 
     def keys(self) -> Iterator[str]:
         return iter(list(self._states))
+
+    def get_blob(self, name: str) -> bytes | None:
+        entry = self._blobs.get(check_blob_name(name))
+        if entry is None or (entry[1] is not None and entry[1] < time.monotonic()):
+            return None
+        return entry[0]
+
+    def put_blob(self, name: str, data: bytes, *, ttl: int | None = None) -> None:
+        with self._lock:
+            self._blobs[check_blob_name(name)] = (bytes(data), time.monotonic() + ttl if ttl else None)
+
+    def delete_blob(self, name: str) -> None:
+        with self._lock:
+            self._blobs.pop(check_blob_name(name), None)
+
+    def blob_names(self, namespace: str) -> Iterator[str]:
+        return iter([n for n in list(self._blobs) if n.startswith(namespace + "/") and self.get_blob(n) is not None])

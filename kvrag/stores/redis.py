@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kvrag.errors import StoreError
-from kvrag.stores.base import StateStore, check_key
+from kvrag.stores.base import StateStore, check_blob_name, check_key
 from kvrag.stores.frames import DEFAULT_FRAME_BYTES, Assembler, FrameRecord, make_record, parse_record
 
 __all__ = ["RedisStore", "redis_store_from_url"]
@@ -172,6 +172,22 @@ class RedisStore(StateStore):
 
     def delete_raw(self, names: list[str]) -> int:
         return sum(self._call("DEL", lambda n=name: self.client.delete(n)) for name in names)
+
+    def _bkey(self, name: str) -> str:
+        return f"{self.prefix}:blob:{check_blob_name(name)}"
+
+    def get_blob(self, name: str) -> bytes | None:
+        return self._call("GET", lambda: self.client.get(self._bkey(name)))
+
+    def put_blob(self, name: str, data: bytes, *, ttl: int | None = None) -> None:
+        self._call("SET", lambda: self.client.set(self._bkey(name), data, ex=ttl or self.ttl))
+
+    def delete_blob(self, name: str) -> None:
+        self._call("DEL", lambda: self.client.delete(self._bkey(name)))
+
+    def blob_names(self, namespace: str) -> Iterator[str]:
+        start = len(f"{self.prefix}:blob:")
+        return (name[start:] for name in self._scan(f"{self.prefix}:blob:{namespace}/*"))
 
     def close(self) -> None:
         if self._client is not None:

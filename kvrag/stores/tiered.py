@@ -11,7 +11,7 @@ import logging
 from typing import Any, Iterator, Literal, Sequence
 
 from kvrag.errors import StoreError
-from kvrag.stores.base import StateStore
+from kvrag.stores.base import StateStore, check_blob_name
 
 __all__ = ["TieredStore"]
 
@@ -70,6 +70,52 @@ class TieredStore(StateStore):
                     if key not in seen:
                         seen.add(key)
                         yield key
+            except StoreError as e:
+                log.warning("cannot list %s: %s", tier.url, e)
+
+    def get_blob(self, name: str) -> bytes | None:
+        check_blob_name(name)
+        for index, tier in enumerate(self.tiers):
+            try:
+                data = tier.get_blob(name)
+            except StoreError as e:
+                log.warning("cannot read %s from %s: %s", name, tier.url, e)
+                continue
+            if data is not None:
+                for hotter in self.tiers[:index]:
+                    try:
+                        hotter.put_blob(name, data)
+                    except StoreError:
+                        pass
+                return data
+        return None
+
+    def put_blob(self, name: str, data: bytes, *, ttl: int | None = None) -> None:
+        targets = self.tiers if self.write == "all" else self.tiers[:1]
+        errors = []
+        for tier in targets:
+            try:
+                tier.put_blob(name, data, ttl=ttl)
+            except StoreError as e:
+                errors.append(str(e))
+        if len(errors) == len(targets):
+            raise StoreError(f"{name} was written to no tier: {'; '.join(errors)}")
+
+    def delete_blob(self, name: str) -> None:
+        for tier in self.tiers:
+            try:
+                tier.delete_blob(name)
+            except StoreError as e:
+                log.warning("cannot delete %s from %s: %s", name, tier.url, e)
+
+    def blob_names(self, namespace: str) -> Iterator[str]:
+        seen: set[str] = set()
+        for tier in self.tiers:
+            try:
+                for name in tier.blob_names(namespace):
+                    if name not in seen:
+                        seen.add(name)
+                        yield name
             except StoreError as e:
                 log.warning("cannot list %s: %s", tier.url, e)
 
