@@ -42,6 +42,7 @@ from kvrag.errors import (
 )
 from kvrag.fingerprints import HardwareFingerprint, hardware_fingerprint
 from kvrag.kvcache import LayerSpec, StatePart, append_parts, extract_segment, layer_specs, new_cache
+from kvrag.memo import Memo
 from kvrag.models import LoadedModel
 from kvrag.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
 from kvrag.receipt import Receipt, StateUse, Timings
@@ -132,6 +133,7 @@ class KVEngine:
         self.signing_key: bytes | None = key.encode() if isinstance(key, str) else key
         self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt)
         self._specs: list[LayerSpec] = layer_specs(model.hf_model)
+        self.memo = Memo(self)
 
     # ----------------------------------------------------------------- planning
     @property
@@ -232,7 +234,12 @@ class KVEngine:
         """
         self._check_after(after)
         segment = self.plan([text], after=after)[0]
-        ancestors = self._ancestors(after)
+        return self._deposit_segment(segment, after.key if after else None)
+
+    def _deposit_segment(self, segment: _Segment, after_key: str | None) -> StateRef:
+        """Deposit one segment's ids after the stored chain ending at `after_key` (see `deposit`)."""
+        text = segment.text
+        ancestors = self._ancestors_of(after_key)
         try:
             self._fetch(segment.key, segment)
             return self._ref(segment)
@@ -302,10 +309,9 @@ class KVEngine:
             refs.append(after)
         return refs
 
-    def _ancestors(self, after: StateRef | None) -> list[tuple[StateManifest, StatePart]]:
-        """`after`'s chain, root first, each state fetched and checked as it would be for a graft."""
+    def _ancestors_of(self, key: str | None) -> list[tuple[StateManifest, StatePart]]:
+        """The chain ending at `key`, root first, each state fetched and checked as for a graft."""
         chain: list[tuple[StateManifest, StatePart]] = []
-        key = after.key if after else None
         while key is not None:
             fetched = self._fetch(key)
             chain.append((fetched.manifest, fetched.part))
@@ -421,10 +427,11 @@ class KVEngine:
         graft: bool = True,
         approximate: bool = False,
         deposit_missing: bool = False,
+        memo: bool = True,
     ) -> Generation:
         """Answer `query` after the documents in `states`; see `stream` for the same, token by token."""
         stream = self.stream(query, states=states, max_new_tokens=max_new_tokens, stop=stop, graft=graft,
-                             approximate=approximate, deposit_missing=deposit_missing)
+                             approximate=approximate, deposit_missing=deposit_missing, memo=memo)
         for _ in stream:
             pass
         assert stream.generation is not None
@@ -440,10 +447,13 @@ class KVEngine:
         graft: bool = True,
         approximate: bool = False,
         deposit_missing: bool = False,
+        memo: bool = True,
     ) -> "GenerationStream":
         """Iterate over the answer's text as it is decoded; `.generation` holds the result after.
 
-        Input errors are raised here, before the first step.
+        With `memo` (the default), a recurring query with a verified memo entry for the same
+        context is answered from it (receipt mode `memo`); see `kvrag.memo`. Input errors are
+        raised here, before the first step.
         """
         if max_new_tokens < 1:
             raise InputError("max_new_tokens must be at least 1")
@@ -454,6 +464,11 @@ class KVEngine:
         if not segments:
             question = list(self.layout.prefix_ids) + question
         self._check_length((segments[-1].end if segments else 0) + len(question))
+        if memo and graft and not approximate and not stop:
+            entry, _ = self.memo.find(query, segments)
+            recalled = self.memo.recall(entry, query, segments, max_new_tokens) if entry else None
+            if recalled is not None:
+                return recalled
         return GenerationStream(self._steps(requested, texts, segments, question, max_new_tokens, stop or (),
                                             graft, approximate, deposit_missing))
 

@@ -1,0 +1,84 @@
+"""Recurring queries: answered from verified state for a few decode tokens, or answered normally."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvrag import InputError, KVEngine, MemoryStore
+from kvrag.memo import MemoEntry, Provenance, canonical_query
+
+from .conftest import DOC_A, DOC_B, QUESTION, tiny
+
+GOLD = Provenance(kind="gold", by="test")
+
+
+@pytest.fixture
+def engine():
+    return KVEngine(tiny("qwen2"), MemoryStore())
+
+
+def test_canonical_form():
+    assert canonical_query("  Who built the LIGHTHOUSE?? ") == canonical_query("who  built the lighthouse") == "who built the lighthouse"
+    assert canonical_query("ｗｈｏ built it！") == "who built it"  # NFKC
+
+
+def test_a_recurring_query_is_a_memo_hit_with_few_decode_tokens(engine):
+    first = engine.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=24)
+    assert first.receipt.decode_tokens > 8
+    entry = engine.memo.memoize(QUESTION, first, states=[DOC_A, DOC_B], provenance=GOLD)
+    again = engine.generate("who built the lighthouse", states=[DOC_A, DOC_B], max_new_tokens=24)
+    assert again.receipt.mode == "memo" and again.receipt.exact
+    assert again.receipt.decode_tokens <= 8 and again.receipt.tokens_prefilled == 1
+    assert again.text == first.text and entry.provenance.kind == "gold"
+    # Other context, other memo: the same words after other documents are answered normally.
+    assert engine.generate(QUESTION, states=[DOC_B], max_new_tokens=4).receipt.mode != "memo"
+
+
+def test_an_unverified_entry_is_answered_normally(engine):
+    first = engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16)
+    with pytest.raises(InputError):
+        engine.memo.memoize(QUESTION, first, states=[DOC_A])  # verified needs a provenance
+    engine.memo.memoize(QUESTION, first, states=[DOC_A], verified=False)
+    assert engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16).receipt.mode == "exact-graft"
+
+
+def test_an_entry_whose_state_fails_its_checks_is_answered_normally(engine):
+    first = engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16)
+    entry = engine.memo.memoize(QUESTION, first, states=[DOC_A], provenance=GOLD)
+    payload = bytearray(engine.store.get_payload(entry.state_key))
+    payload[-3] ^= 0x10
+    engine.store.put(entry.state_key, engine.store.get_manifest(entry.state_key), bytes(payload))
+    answer = engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16)
+    assert answer.receipt.mode == "exact-graft" and answer.text == first.text
+
+    engine.store.delete(entry.state_key)
+    assert engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16).receipt.mode == "exact-graft"
+
+    # A forged entry claiming verification with a state key that is not its own: refused too.
+    forged = MemoEntry.model_validate_json(engine.store.get_blob(f"memo/{entry.memo_key}"))
+    data = json.loads(forged.model_dump_json())
+    data["state_key"] = "0" * 64
+    engine.store.put_blob(f"memo/{entry.memo_key}", json.dumps(data).encode())
+    assert engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16).receipt.mode == "exact-graft"
+
+
+def test_near_matches_are_suggestions_never_answers(engine):
+    first = engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16)
+    engine.memo.memoize(QUESTION, first, states=[DOC_A], provenance=GOLD)
+    near = "Who constructed the lighthouse?"
+    assert engine.generate(near, states=[DOC_A], max_new_tokens=4).receipt.mode == "exact-graft"
+    suggestions = engine.memo.suggestions(near)
+    assert suggestions and suggestions[0][0].query == QUESTION and 0 < suggestions[0][1] < 1
+
+
+@pytest.mark.slow
+def test_memo_on_the_real_model(smollm2):
+    engine = KVEngine(smollm2, MemoryStore())
+    doc = "The lighthouse at Varrow Point was built in 1871 by the engineer Mara Quill."
+    first = engine.generate("Who built the lighthouse?", states=[doc], max_new_tokens=40)
+    engine.memo.memoize("Who built the lighthouse?", first, states=[doc], provenance=Provenance(kind="checker", by="contains 'Quill'"))
+    again = engine.stream("who built the lighthouse", states=[doc], max_new_tokens=40)
+    assert "".join(again).strip() == first.text
+    assert again.generation.receipt.mode == "memo" and again.generation.receipt.decode_tokens <= 8
