@@ -8,8 +8,9 @@
     answer.response_metadata["kvrag_receipt"]["mode"]     # 'exact-graft' once deposited
 """
 
+from langchain_kvrag.cache import KVCache
 from langchain_kvrag.chains import create_kv_rag_chain, state_blocks
 from langchain_kvrag.chat_models import ChatKVRAG
 from langchain_kvrag.retrievers import STATE_KEY, KVRetriever
 
-__all__ = ["KVRetriever", "ChatKVRAG", "create_kv_rag_chain", "state_blocks", "STATE_KEY"]
+__all__ = ["KVRetriever", "ChatKVRAG", "KVCache", "create_kv_rag_chain", "state_blocks", "STATE_KEY"]

@@ -1,0 +1,56 @@
+"""`KVCache`: LangChain's LLM cache on kvrag's stores (plain GET/SET; no Redis modules needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any, Sequence
+
+from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
+from langchain_core.load import dumps, loads
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
+
+from kvrag.stores import StateStore, open_store
+
+__all__ = ["KVCache"]
+
+NAMESPACE = "lc-cache"
+# A shared store is a trust boundary: only generation and message classes are ever rebuilt.
+_ALLOWED = [Generation, ChatGeneration, AIMessage, AIMessageChunk, GenerationChunk, ChatGenerationChunk]
+
+
+class KVCache(BaseCache):
+    """`set_llm_cache(KVCache("redis://127.0.0.1:6379/0"))`: one blob per (prompt, llm string).
+
+    Entries are LangChain's own serialization of the generations (JSON, never pickle).
+    """
+
+    def __init__(self, store: StateStore | str | None = None, *, ttl: int | None = None) -> None:
+        self.store = store if isinstance(store, StateStore) else open_store(store)
+        self.ttl = ttl
+
+    @staticmethod
+    def _name(prompt: str, llm_string: str) -> str:
+        digest = hashlib.sha256(prompt.encode() + b"\x00" + llm_string.encode()).hexdigest()
+        return f"{NAMESPACE}/{digest}"
+
+    def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
+        raw = self.store.get_blob(self._name(prompt, llm_string))
+        return loads(raw.decode(), allowed_objects=_ALLOWED) if raw is not None else None
+
+    def update(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
+        self.store.put_blob(self._name(prompt, llm_string), dumps(list(return_val)).encode(), ttl=self.ttl)
+
+    def clear(self, **kwargs: Any) -> None:
+        for name in list(self.store.blob_names(NAMESPACE)):
+            self.store.delete_blob(name)
+
+    async def alookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
+        return await asyncio.to_thread(self.lookup, prompt, llm_string)
+
+    async def aupdate(self, prompt: str, llm_string: str, return_val: Sequence[Any]) -> None:
+        await asyncio.to_thread(self.update, prompt, llm_string, return_val)  # type: ignore[arg-type]
+
+    async def aclear(self, **kwargs: Any) -> None:
+        await asyncio.to_thread(self.clear)

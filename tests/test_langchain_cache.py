@@ -1,0 +1,52 @@
+"""langchain-tests' cache suites on kvrag's stores: a real throwaway Redis, and the disk tier."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_tests.integration_tests import AsyncCacheTestSuite, SyncCacheTestSuite
+
+from langchain_kvrag import KVCache
+
+
+class TestKVCacheRedisSync(SyncCacheTestSuite):
+    @pytest.fixture
+    def cache(self, redis_server) -> KVCache:
+        return KVCache(redis_server.url)
+
+
+class TestKVCacheRedisAsync(AsyncCacheTestSuite):
+    @pytest.fixture
+    async def cache(self, redis_server) -> KVCache:
+        return KVCache(redis_server.url)
+
+
+class TestKVCacheDiskSync(SyncCacheTestSuite):
+    @pytest.fixture
+    def cache(self, tmp_path) -> KVCache:
+        return KVCache(f"disk://{tmp_path}")
+
+
+class TestKVCacheTieredAsync(AsyncCacheTestSuite):
+    @pytest.fixture
+    async def cache(self, redis_server, tmp_path) -> KVCache:
+        return KVCache(f"{redis_server.url},disk://{tmp_path}")
+
+
+def test_the_cache_serves_a_chat_model(tmp_path):
+    from langchain_core.globals import set_llm_cache
+
+    from kvrag import KVEngine, MemoryStore
+
+    from langchain_kvrag import ChatKVRAG
+
+    from .conftest import tiny
+
+    set_llm_cache(KVCache(f"disk://{tmp_path}"))
+    try:
+        llm = ChatKVRAG(engine=KVEngine(tiny("llama"), MemoryStore()), max_tokens=4)
+        first = llm.invoke("Hello")
+        second = llm.invoke("Hello")
+        assert second.content == first.content
+        assert list(KVCache(f"disk://{tmp_path}").store.blob_names("lc-cache"))
+    finally:
+        set_llm_cache(None)
