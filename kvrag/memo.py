@@ -58,6 +58,7 @@ class MemoEntry(BaseModel):
     answer_ids: list[int]
     state_key: str
     state_tokens: int
+    tail: int = MEMO_TAIL_TOKENS  # answer tokens decoded at recall
     ended: bool  # the answer ended with an end token (not cut by max_new_tokens)
     verified: bool
     provenance: Provenance | None = None
@@ -90,11 +91,11 @@ class Memo:
         except (KVRagError, ValueError):
             return None
 
-    def _segments(self, query: str, answer_ids: list[int], segments: Sequence["_Segment"]) -> tuple["_Segment", list[int]]:
+    def _segments(self, query: str, answer_ids: list[int], segments: Sequence["_Segment"], tail: int = MEMO_TAIL_TOKENS) -> tuple["_Segment", list[int]]:
         from kvrag.artifact import state_key
         from kvrag.engine import _Segment
 
-        tail = min(MEMO_TAIL_TOKENS, max(len(answer_ids) - 1, 0))
+        tail = min(tail, max(len(answer_ids) - 1, 0))
         kept = len(answer_ids) - tail - 1  # answer tokens inside the state; one more is fed at recall
         ids = self.engine.layout.question_ids(query) + answer_ids[:kept]
         parent = segments[-1].key if segments else None
@@ -113,6 +114,43 @@ class Memo:
         provenance: Provenance | None = None,
         verified: bool = True,
     ) -> MemoEntry:
+        return self._memoize(query, [t for t in generation.tokens if t not in self.engine.layout.stop_ids],
+                             generation.text, generation.finish_reason == "stop", states, provenance, verified, MEMO_TAIL_TOKENS)
+
+    def memoize_text(
+        self,
+        query: str,
+        answer: str,
+        *,
+        provenance: Provenance,
+        states: Sequence["StateRef | str"] = (),
+        decode_suffix: str | None = None,
+    ) -> MemoEntry:
+        """Memoize a verified answer written by someone else (a library solution).
+
+        With `decode_suffix` (the final answer that ends `answer`), recall decodes those tokens
+        if the model reproduces them exactly; otherwise the whole answer comes from the state.
+        """
+        ids = self.engine.model.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if decode_suffix and answer.rstrip().endswith(decode_suffix.strip()):
+            tail = len(self.engine.model.tokenizer(decode_suffix.strip(), add_special_tokens=False)["input_ids"])
+            try:
+                return self._memoize(query, ids, answer, False, states, provenance, True, tail)
+            except VerificationError:
+                pass
+        return self._memoize(query, ids, answer, False, states, provenance, True, 0)
+
+    def _memoize(
+        self,
+        query: str,
+        answer_ids: list[int],
+        answer: str,
+        ended: bool,
+        states: Sequence["StateRef | str"],
+        provenance: Provenance | None,
+        verified: bool,
+        tail: int,
+    ) -> MemoEntry:
         """Store `generation` (an answer to `query` after `states`) as a memo entry.
 
         A verified entry needs a provenance; its state is deposited after the context chain and
@@ -123,10 +161,9 @@ class Memo:
         engine = self.engine
         texts = [getattr(s, "text", s) for s in states]
         segments = engine.plan(texts)
-        answer_ids = [t for t in generation.tokens if t not in engine.layout.stop_ids]
         if not answer_ids:
             raise InputError("cannot memoize an empty answer")
-        segment, remaining = self._segments(query, answer_ids, segments)
+        segment, remaining = self._segments(query, answer_ids, segments, tail)
         engine.deposit_chain(texts) if texts else None
         engine._deposit_segment(segment, segment.parent_key)
         entry = MemoEntry(
@@ -135,11 +172,12 @@ class Memo:
             canonical=canonical_query(query),
             model_fingerprint=engine.fingerprint,
             context_keys=[s.key for s in segments],
-            answer=generation.text,
+            answer=answer,
             answer_ids=answer_ids,
             state_key=segment.key,
             state_tokens=len(segment.ids),
-            ended=generation.finish_reason == "stop",
+            tail=min(tail, max(len(answer_ids) - 1, 0)),
+            ended=ended,
             verified=verified,
             provenance=provenance,
         )
@@ -167,7 +205,7 @@ class Memo:
     def recall(self, entry: MemoEntry, query: str, segments: Sequence["_Segment"], max_new_tokens: int) -> "Iterator[str] | None":
         """The answer stream from a verified entry, or None (with the engine answering normally)
         when the memo state fails its checks."""
-        memo_segment, _ = self._segments(entry.query, entry.answer_ids, segments)
+        memo_segment, _ = self._segments(entry.query, entry.answer_ids, segments, entry.tail)
         if memo_segment.key != entry.state_key:
             return None
         try:
@@ -195,7 +233,7 @@ class Memo:
                     run.text(segment.ids)
                     uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="text", reason=e.reason, detail=str(e)))
             run.flush()
-            known = entry.answer_ids[: len(entry.answer_ids) - min(MEMO_TAIL_TOKENS, max(len(entry.answer_ids) - 1, 0))]
+            known = entry.answer_ids[: len(entry.answer_ids) - entry.tail]
             logits = run.text([known[-1]])
             first_logits = logits.clone()
             ttft = time.perf_counter() - began

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-__all__ = ["SampleDoc", "SampleQuestion", "sample_docs", "sample_questions", "verification_pairs", "long_document"]
+__all__ = ["SampleDoc", "SampleQuestion", "sample_docs", "sample_questions", "sample_paths", "verification_pairs", "long_document"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class SampleQuestion:
     question: str
     answers: tuple[str, ...]
     doc_id: str | None = None
+    recurring: bool = False
 
 
 def _jsonl(name: str) -> list[dict[str, Any]]:
@@ -34,8 +35,20 @@ def sample_docs() -> list[SampleDoc]:
     return [SampleDoc(d["id"], d["title"], d["text"]) for d in _jsonl("docs.jsonl")]
 
 
-def sample_questions() -> list[SampleQuestion]:
-    return [SampleQuestion(q["id"], q["question"], tuple(q["answers"]), q.get("doc_id")) for q in _jsonl("questions.jsonl")]
+def sample_questions(*, include_recurring: bool = False) -> list[SampleQuestion]:
+    """The bundled questions; the `recurring` variants (same question, other case or punctuation)
+    exist for memo checks in `kvrag ab` and are left out unless asked for."""
+    questions = [
+        SampleQuestion(q["id"], q["question"], tuple(q["answers"]), q.get("doc_id"), bool(q.get("recurring")))
+        for q in _jsonl("questions.jsonl")
+    ]
+    return [q for q in questions if include_recurring or not q.recurring]
+
+
+def sample_paths() -> tuple[str, str]:
+    """File paths of the bundled DOCS and QUESTIONS JSONL files (the `kvrag ab` defaults)."""
+    folder = resources.files("kvrag.data")
+    return str(folder.joinpath("docs.jsonl")), str(folder.joinpath("questions.jsonl"))
 
 
 def verification_pairs(count: int, tokenizer: Any = None, max_doc_tokens: int = 1024) -> list[tuple[str, str]]:
