@@ -249,6 +249,109 @@ def gc(
               f"{len(report.damaged_states)} damaged states, {len(report.other_model_states)} states of other models")
 
 
+@app.command(epilog="Example: kvrag ab --docs docs.jsonl --questions questions.jsonl --k 2 --json ab.json --report ab-report")
+def ab(
+    docs: Optional[str] = typer.Option(None, help='DOCS.jsonl, lines {"id", "title", "text"} (default: the bundled sample set)'),
+    questions: Optional[str] = typer.Option(None, help='QUESTIONS.jsonl, lines {"id", "question", "answers": [...]} (+ "doc_id", "recurring")'),
+    model: str = typer.Option("smollm2-135m"),
+    store: Optional[str] = typer.Option(None, help="store URL, e.g. redis://127.0.0.1:6379/0,disk://./states"),
+    k: int = typer.Option(1, min=1, help="documents retrieved per question"),
+    max_new_tokens: int = typer.Option(32, min=1),
+    json_path: Optional[str] = typer.Option(None, "--json", help="write the summary and rows to this file"),
+    report: Optional[str] = typer.Option(None, help="write report.md and PNG plots into this folder"),
+) -> None:
+    """Compare text RAG and KV RAG on the same retrieval, prompt and decoding."""
+    from kvrag.ab import load_jsonl, run_ab, write_report
+    from kvrag.engine import KVEngine
+    from kvrag.models import load_model
+    from kvrag.samples import sample_paths
+
+    default_docs, default_questions = sample_paths()
+    try:
+        doc_rows = load_jsonl(docs or default_docs, ["id", "title", "text"])
+        question_rows = load_jsonl(questions or default_questions, ["id", "question", "answers"])
+        engine = KVEngine(load_model(model), store)
+        with _progress() as bar:
+            task = bar.add_task("A/B", total=len(question_rows))
+            summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_new_tokens,
+                             progress=lambda done, _n: bar.update(task, completed=done))
+        if report:
+            path = write_report(summary, report)
+            err.print(f"report: {path}")
+    except KVRagError as e:
+        _fail(e)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            f.write(summary.model_dump_json(indent=2))
+    table = Table(title=f"kvrag ab: {summary.model}, k={summary.k}, {summary.n} questions")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name in ("accuracy_text", "accuracy_kv", "answer_agreement", "logits_byte_exact_rate", "answer_agreement_monolithic",
+                 "ttft_text_ms_median", "ttft_kv_ms_median", "ttft_ratio_median", "prefill_tokens_text", "prefill_tokens_kv",
+                 "decode_tokens_text", "decode_tokens_kv", "memo_hits"):
+        value = getattr(summary, name)
+        table.add_row(name, f"{value:.3g}" if isinstance(value, float) else str(value))
+    out.print(table)
+
+
+library_app = typer.Typer(help="A verified solution library: add problems with solutions, solve new ones.", no_args_is_help=True)
+app.add_typer(library_app, name="library")
+
+
+@library_app.command("add", epilog="Example: kvrag library add problems.jsonl --verifier mypkg.checks:is_correct")
+def library_add(
+    file: str = typer.Argument(..., help='JSONL lines {"id", "problem", "solution", "answer"}'),
+    model: str = typer.Option("smollm2-135m"),
+    store: Optional[str] = typer.Option(None),
+    verifier: Optional[str] = typer.Option(None, help="module:function(problem, solution, answer) -> bool (default: the solution ends in its answer)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Verify solutions and deposit the verified ones as states (and memo entries)."""
+    from kvrag.ab import load_jsonl
+    from kvrag.engine import KVEngine
+    from kvrag.library import Library
+    from kvrag.models import load_model
+
+    try:
+        items = load_jsonl(file, ["id", "problem", "solution", "answer"])
+        library = Library(KVEngine(load_model(model), store))
+        with _progress() as bar:
+            task = bar.add_task("library add", total=len(items))
+            result = library.add(items, verifier, progress=lambda done: bar.update(task, completed=done))
+    except KVRagError as e:
+        _fail(e)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        out.print(f"added {len(result.added)}, rejected by the verifier {len(result.rejected)} "
+                  f"({', '.join(result.rejected) or '-'}), already there {len(result.already)}")
+
+
+@library_app.command("solve", epilog="Example: kvrag library solve 'A baker makes 12 loaves an hour for 7 hours. How many loaves?'")
+def library_solve(
+    problem: str = typer.Argument(...),
+    model: str = typer.Option("smollm2-135m"),
+    store: Optional[str] = typer.Option(None),
+    k: int = typer.Option(2, min=1, help="closest verified solutions to graft for a new problem"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Answer a problem: a recurring one from its memo entry, a new one with the closest solutions grafted."""
+    from kvrag.engine import KVEngine
+    from kvrag.library import Library
+    from kvrag.models import load_model
+
+    try:
+        generation, used = Library(KVEngine(load_model(model), store)).solve(problem, k=k)
+    except KVRagError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps({"answer": generation.text, "used": [e.id for e in used], "receipt": generation.receipt.model_dump(mode="json")}, indent=2))
+    else:
+        out.print(generation.text)
+        err.print(f"[dim]{generation.receipt.mode}, {generation.receipt.decode_tokens} decode tokens"
+                  f"{', using ' + ', '.join(e.id for e in used) if used else ''}[/]")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
