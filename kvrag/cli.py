@@ -294,7 +294,11 @@ def ab(
     out.print(table)
 
 
-library_app = typer.Typer(help="A verified solution library: add problems with solutions, solve new ones.", no_args_is_help=True)
+library_app = typer.Typer(
+    help="A verified solution library: add problems with solutions, solve new ones.",
+    epilog="Example: kvrag library add problems.jsonl && kvrag library solve 'A rope of 45 m is cut into 3 m pieces. How many?'",
+    no_args_is_help=True,
+)
 app.add_typer(library_app, name="library")
 
 

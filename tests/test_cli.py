@@ -10,9 +10,11 @@ runner = CliRunner()
 
 
 def test_help_shows_examples():
-    for command in ("verify", "demo", "deposit", "ask"):
-        result = runner.invoke(app, [command, "--help"])
-        assert result.exit_code == 0 and "Example: kvrag" in result.stdout
+    commands = [["verify"], ["demo"], ["deposit"], ["ask"], ["ab"], ["ls"], ["inspect"], ["gc"], ["library"],
+                ["library", "add"], ["library", "solve"]]
+    for command in commands:
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0 and "Example: kvrag" in result.stdout, command
 
 
 def test_user_errors_print_one_line_without_a_traceback():
