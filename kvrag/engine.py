@@ -430,12 +430,8 @@ class KVEngine:
         memo: bool = True,
     ) -> Generation:
         """Answer `query` after the documents in `states`; see `stream` for the same, token by token."""
-        stream = self.stream(query, states=states, max_new_tokens=max_new_tokens, stop=stop, graft=graft,
-                             approximate=approximate, deposit_missing=deposit_missing, memo=memo)
-        for _ in stream:
-            pass
-        assert stream.generation is not None
-        return stream.generation
+        return self.stream(query, states=states, max_new_tokens=max_new_tokens, stop=stop, graft=graft,
+                           approximate=approximate, deposit_missing=deposit_missing, memo=memo).result()
 
     def stream(
         self,
@@ -610,6 +606,14 @@ class GenerationStream:
 
     def __iter__(self) -> Iterator[str]:
         self.generation = yield from self._steps
+
+    def result(self) -> Generation:
+        """Run to the end (if not already) and return the generation."""
+        if self.generation is None:
+            for _ in self:
+                pass
+        assert self.generation is not None
+        return self.generation
 
 
 class _TextDecoder:

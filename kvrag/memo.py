@@ -182,10 +182,8 @@ class Memo:
             provenance=provenance,
         )
         if verified:
-            recalled = self._recall(entry, segments, segment, max_new_tokens=len(remaining) + 1)
-            for _ in recalled:
-                pass
-            got = [t for t in recalled.generation.tokens if t not in engine.layout.stop_ids]
+            recalled = self._recall(entry, segments, segment, max_new_tokens=len(remaining) + 1).result()
+            got = [t for t in recalled.tokens if t not in engine.layout.stop_ids]
             if got != answer_ids:
                 raise VerificationError("the memo state does not reproduce the verified answer; nothing memoized")
         engine.store.put_blob(f"memo/{entry.memo_key}", entry.model_dump_json().encode())

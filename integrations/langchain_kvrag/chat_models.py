@@ -125,11 +125,7 @@ class ChatKVRAG(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        stream = self._stream_answer(messages, stop, kwargs)
-        for _ in stream:
-            pass
-        generation = stream.generation
-        assert generation is not None
+        generation = self._stream_answer(messages, stop, kwargs).result()
         usage, metadata = self._final(generation)
         message = AIMessage(content=generation.text, usage_metadata=usage, response_metadata=metadata)
         return ChatResult(generations=[ChatGeneration(message=message)])

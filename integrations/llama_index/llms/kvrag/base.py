@@ -45,9 +45,7 @@ class KVRagLLM(CustomLLM):
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         stream = self.engine.stream(prompt, states=kwargs.get("states"), max_new_tokens=self.max_new_tokens)
-        for _ in stream:
-            pass
-        return CompletionResponse(text=stream.generation.text, additional_kwargs=self._receipt_kwargs(stream))
+        return CompletionResponse(text=stream.result().text, additional_kwargs=self._receipt_kwargs(stream))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
@@ -86,10 +84,7 @@ class KVSynthesizer(BaseSynthesizer):
 
     def get_response(self, query_str: str, text_chunks: Sequence[str], **kwargs: Any) -> str:
         """Strings only (LlamaIndex's own path): states are still found by content where stored."""
-        stream = self._stream(query_str, list(text_chunks))
-        for _ in stream:
-            pass
-        return stream.generation.text
+        return self._stream(query_str, list(text_chunks)).result().text
 
     async def aget_response(self, query_str: str, text_chunks: Sequence[str], **kwargs: Any) -> str:
         return await asyncio.to_thread(self.get_response, query_str, text_chunks)
@@ -105,10 +100,9 @@ class KVSynthesizer(BaseSynthesizer):
                 metadata["kvrag_receipt"] = stream.generation.receipt.model_dump(mode="json")
 
             return StreamingResponse(response_gen=gen(), source_nodes=sources, metadata=metadata)
-        for _ in stream:
-            pass
-        metadata["kvrag_receipt"] = stream.generation.receipt.model_dump(mode="json")
-        return Response(response=stream.generation.text, source_nodes=sources, metadata=metadata)
+        generation = stream.result()
+        metadata["kvrag_receipt"] = generation.receipt.model_dump(mode="json")
+        return Response(response=generation.text, source_nodes=sources, metadata=metadata)
 
     async def asynthesize(self, query: Any, nodes: list[NodeWithScore], additional_source_nodes: Sequence[NodeWithScore] | None = None, **kwargs: Any) -> Any:
         if not self._streaming:
