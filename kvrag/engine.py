@@ -322,7 +322,7 @@ class KVEngine:
     # ----------------------------------------------------------------- restore
     @property
     def tiers(self) -> list[StateStore]:
-        return list(getattr(self.store, "tiers", [self.store]))
+        return self.store.tiers
 
     def _fetch(self, key: str, expect: _Segment | None = None) -> _Fetched:
         """The first verified copy of a state, tier by tier; a verified copy found in a colder tier
@@ -637,17 +637,19 @@ class _TextDecoder:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
             return
-        cuts = [text.find(s) for s in self.stop if s in text]
-        if cuts:
-            text, self.done = text[: min(cuts)], True
+        text, self.done = self._cut(text)
         self.text = text
         yield from self._emit(len(text) if self.done else len(text) - self._hold)
+
+    def _cut(self, text: str) -> tuple[str, bool]:
+        """`text` up to the first stop string, and whether one was found."""
+        cuts = [text.find(s) for s in self.stop if s in text]
+        return (text[: min(cuts)], True) if cuts else (text, False)
 
     def flush(self) -> Iterator[str]:
         if not self.done:  # whatever is left, replacement characters included
             text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-            cuts = [text.find(s) for s in self.stop if s in text]
-            self.text, self.done = (text[: min(cuts)], True) if cuts else (text, False)
+            self.text, self.done = self._cut(text)
         yield from self._emit(len(self.text))
 
     def _emit(self, upto: int) -> Iterator[str]:

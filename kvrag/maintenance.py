@@ -40,10 +40,6 @@ class GcReport(BaseModel):
     other_model_states: list[str] = []
 
 
-def _tiers(store: StateStore) -> list[StateStore]:
-    return list(getattr(store, "tiers", [store]))
-
-
 def _info(tier: StateStore, key: str) -> StateInfo:
     try:
         raw = tier.get_manifest(key)
@@ -60,7 +56,7 @@ def _info(tier: StateStore, key: str) -> StateInfo:
 
 
 def list_states(store: StateStore) -> Iterator[StateInfo]:
-    for tier in _tiers(store):
+    for tier in store.tiers:
         for key in tier.keys():
             yield _info(tier, key)
 
@@ -68,7 +64,7 @@ def list_states(store: StateStore) -> Iterator[StateInfo]:
 def inspect_state(store: StateStore, key: str) -> dict[str, Any]:
     """The manifest of `key` in each tier that has it, and whether its payload checks out there."""
     found: dict[str, Any] = {}
-    for tier in _tiers(store):
+    for tier in store.tiers:
         raw = tier.get_manifest(key)
         if raw is None:
             continue
@@ -96,7 +92,7 @@ def inspect_state(store: StateStore, key: str) -> dict[str, Any]:
 
 def collect_garbage(store: StateStore, *, keep_fingerprint: str | None = None, dry_run: bool = False) -> GcReport:
     report = GcReport(dry_run=dry_run)
-    for tier in _tiers(store):
+    for tier in store.tiers:
         if isinstance(tier, RedisStore):
             orphans = tier.orphan_frames()
             report.orphan_frames += len(orphans)

@@ -66,6 +66,11 @@ class StateStore(ABC):
     @abstractmethod
     def blob_names(self, namespace: str) -> Iterator[str]: ...
 
+    @property
+    def tiers(self) -> list["StateStore"]:
+        """The tiers to read, hot first: a single store is its own only tier."""
+        return [self]
+
     def __contains__(self, key: str) -> bool:
         return self.get_manifest(key) is not None
 

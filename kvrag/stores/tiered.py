@@ -22,9 +22,13 @@ class TieredStore(StateStore):
     def __init__(self, tiers: Sequence[StateStore], *, write: Literal["all", "hot"] = "all") -> None:
         if not tiers:
             raise StoreError("a tiered store needs at least one tier")
-        self.tiers = list(tiers)
+        self._tiers = list(tiers)
         self.write = write
         self.url = ",".join(t.url for t in self.tiers)
+
+    @property
+    def tiers(self) -> list[StateStore]:
+        return list(self._tiers)
 
     def _first(self, fetch: str, key: str) -> Any:
         errors = []
