@@ -29,6 +29,18 @@ def tiny(family: str, dtype: str = "float32", attn: str = "sdpa") -> LoadedModel
     return load_model(f"tiny-random-{family}", dtype=dtype, attn=attn)
 
 
+def load_example(name: str):
+    """Import `examples/<name>.py` as a module (examples are scripts, not a package)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> LoadedModel:
     return load_model("smollm2-135m")

@@ -9,8 +9,10 @@ from langchain_core.documents import Document
 from langchain_core.messages import HumanMessage
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.samples import sample_docs, sample_questions
+from kvrag.samples import sample_docs
 from langchain_kvrag import STATE_KEY, ChatKVRAG, KVRetriever, create_kv_rag_chain, state_blocks
+
+from .conftest import load_example
 
 pytestmark = pytest.mark.slow
 
@@ -21,14 +23,7 @@ def docs():
 
 
 def test_the_example_chain_grafts_and_matches_plain_text():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).parents[1] / "examples" / "langchain_rag.py"
-    spec = importlib.util.spec_from_file_location("langchain_rag_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rows = module.main(questions=18)
+    rows = load_example("langchain_rag").main(questions=18)
     assert len(rows) == 18
     for row in rows:
         assert row["mode"] == "exact-graft" and row["text_mode"] == "text-prefill"

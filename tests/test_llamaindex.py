@@ -3,9 +3,7 @@ query engine inside `RetrieverQueryEngine`, sync, async and streaming, with rece
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -16,7 +14,7 @@ from kvrag.samples import sample_docs
 from llama_index.llms.kvrag import KVQueryEngine, KVRagLLM, KVSynthesizer
 from llama_index.retrievers.kvrag import STATE_KEY, KVRetriever
 
-from .conftest import tiny
+from .conftest import load_example, tiny
 
 QUESTION = "Who built the lighthouse at Varrow Point?"
 
@@ -96,11 +94,7 @@ def test_a_plain_llm_swap_cannot_graft_and_says_so(tiny_engine, nodes):
 
 @pytest.mark.slow
 def test_the_example_query_engine_grafts_and_matches_plain_text():
-    path = pathlib.Path(__file__).parents[1] / "examples" / "llamaindex_rag.py"
-    spec = importlib.util.spec_from_file_location("llamaindex_rag_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rows = module.main(questions=18)
+    rows = load_example("llamaindex_rag").main(questions=18)
     assert len(rows) == 18
     for row in rows:
         assert row["mode"] == "exact-graft" and row["text_mode"] == "text-prefill"
