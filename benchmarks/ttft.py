@@ -85,7 +85,7 @@ def main() -> None:
 
 
 def _state_bytes(engine: KVEngine, key: str) -> int:
-    return len(engine.store.get_payload(key))
+    return len(engine.store.read(key).payload)
 
 
 if __name__ == "__main__":

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
 from pydantic import BaseModel
 
+from kvrag.continuation import Continuation
 from kvrag.engine import Generation, KVEngine
 from kvrag.errors import InputError
 from kvrag.index import IndexedDoc, LexicalIndex
-from kvrag.kvcache import new_cache
 from kvrag.memo import Provenance
 
 __all__ = ["ABRow", "ABSummary", "load_jsonl", "run_ab", "write_report"]
@@ -103,21 +101,13 @@ def _hit(answer: str, golds: Sequence[str]) -> bool:
     return any(g.casefold() in answer.casefold() for g in golds)
 
 
-def _monolithic(engine: KVEngine, texts: list[str], question: str, max_new_tokens: int) -> tuple[str, int]:
+def _monolithic(engine: KVEngine, texts: list[str], question: str, max_new_tokens: int) -> Generation:
     """The conventional arm: the whole prompt string tokenized at once, prefilled in one pass."""
     segments = engine.plan(texts)
-    ids = [i for s in segments for i in s.ids] + engine.layout.question_ids(question)
-    if not segments:
-        ids = list(engine.layout.prefix_ids) + ids
+    ids = [i for s in segments for i in s.ids] + engine.planner.question(question, segments)
     tokenizer = engine.model.tokenizer
-    prompt = tokenizer.decode(ids)
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    cache = new_cache(engine.model.hf_model)
-    tokens = [engine._pick(engine._forward(ids, cache))]
-    while len(tokens) < max_new_tokens and tokens[-1] not in engine.layout.stop_ids:
-        tokens.append(engine._pick(engine._forward([tokens[-1]], cache)))
-    answer = [t for t in tokens if t not in engine.layout.stop_ids]
-    return tokenizer.decode(answer, skip_special_tokens=True).strip(), len(ids)
+    ids = tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"]
+    return engine.run(Continuation([], ids, max_new_tokens, graft=False)).result()
 
 
 def run_ab(
@@ -138,7 +128,7 @@ def run_ab(
         engine.deposit_chain(texts)  # once per document set; the KV arm's states
         text: Generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, graft=False, memo=False)
         kv: Generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens)
-        mono, _ = _monolithic(engine, texts, question, max_new_tokens)
+        mono = _monolithic(engine, texts, question, max_new_tokens).text
         memoized = False
         if kv.receipt.mode != "memo" and _hit(kv.text, golds):
             engine.memo.memoize(question, kv, states=texts,

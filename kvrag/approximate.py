@@ -12,11 +12,19 @@ absolute positions (GPT-2) or sliding-window layers are refused; their segments 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-__all__ = ["rerotation_refusal", "rope_inv_freq", "rerotate_keys"]
+from kvrag.acceptance import Restored
+from kvrag.artifact import tensor_names
+from kvrag.errors import ForeignStateError
+from kvrag.layers import LayerCodec, SlidingWindow, StatePart
+from kvrag.prefill import Graft
+from kvrag.schedule import Segment
+from kvrag.stores import Found
+
+__all__ = ["rerotation_refusal", "rope_inv_freq", "rerotate_keys", "moved_graft"]
 
 _ROTATE_HALF_FAMILIES = {"llama", "qwen2", "mistral", "phi3"}
 
@@ -53,3 +61,28 @@ def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> tor
     half = k.shape[-1] // 2
     rotated_half = torch.cat([-k[..., half:], k[..., :half]], dim=-1)
     return (k * cos + rotated_half * sin).to(keys.dtype)
+
+
+def moved_graft(hf_model: Any, codecs: Sequence[LayerCodec], source: Found[Restored], doc_ids: Sequence[int],
+                segment: Segment) -> Graft:
+    """`source`'s document K/V (its last `len(doc_ids)` positions) moved to `segment`'s position:
+    approximate, never exact. Raises `ForeignStateError` when the model's states cannot move."""
+    refusal = rerotation_refusal(hf_model, any(isinstance(c, SlidingWindow) for c in codecs))
+    if refusal:
+        raise ForeignStateError(refusal)
+    manifest = source.value.manifest
+    n = len(doc_ids)
+    if manifest.token_ids[-n:] != list(doc_ids):
+        raise ForeignStateError(f"state {manifest.key[:12]} does not end with this document's tokens")
+    stored = source.value.part.tensors
+    new_start = segment.end - n
+    delta = new_start - (manifest.end - n)
+    inv_freq = rope_inv_freq(hf_model)
+    assert inv_freq is not None  # rerotation_refusal said so
+    tensors = {}
+    for index in range(len(codecs)):
+        key_name, value_name = tensor_names(index)
+        tensors[key_name] = rerotate_keys(stored[key_name][:, :, -n:, :], delta, inv_freq)
+        tensors[value_name] = stored[value_name][:, :, -n:, :]
+    return Graft(StatePart(new_start, segment.end, manifest.layers, tensors), source.tier, source.notes,
+                 segment.ids[: len(segment.ids) - n])

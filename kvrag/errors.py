@@ -1,20 +1,26 @@
-"""Every error kvrag raises, in one small hierarchy.
+"""Every error kvrag raises, in one tree, grouped by what the caller can do about it.
 
     KVRagError                      root: catch this to catch everything kvrag raises
     ├── InputError                  the caller passed something unusable; fix the call
     │   ├── EmptyTextError          a document or query with no tokens
     │   └── ContextTooLongError     the prompt would pass the model's maximum positions
     ├── ModelError                  a model cannot be loaded or built; check the name or install
-    ├── StateError                  a stored state cannot be grafted; the engine falls back to text
-    │   ├── StateNotFoundError      no state under that key in any tier
-    │   ├── IntegrityError          a payload or manifest does not match its recorded digests
-    │   ├── ForeignStateError       a state of another model, hardware, chain or position
-    │   ├── VerificationError       a deposit did not reproduce a fresh computation; nothing stored
-    │   └── StoreUnavailableError   a tier could not be reached (also a StoreError)
-    └── StoreError                  a store URL is wrong or a store cannot be reached
+    ├── VerificationError           a deposit did not reproduce a fresh computation; nothing was
+    │                               stored; check that the model runs deterministically here
+    ├── StateError                  a stored state must not be grafted; the engine re-reads its text
+    │   ├── StateNotFoundError      no state under that key in any tier            reason "missing"
+    │   ├── IntegrityError          bytes that do not match their digests, or do   reason "integrity"
+    │   │   │                       not parse
+    │   │   └── SignatureError      unsigned, or signed with another key            reason "signature"
+    │   ├── ForeignStateError       another model, hardware, chain or position     reason "foreign"
+    │   └── StoreUnavailableError   a tier failed while the state was read         reason "unavailable"
+    │                               (also a StoreError)
+    └── StoreError                  a store URL is wrong, or a store failed to read or write
 
-`StateError`s are what the engine turns into a text fallback (and names in the receipt);
-the explicit state APIs (`KVEngine.restore`, `KVEngine.deposit(after=...)`) raise them.
+A `StateError` carries the receipt reason it is written as (`StateError.reason`); the set of
+reasons a receipt can hold is `kvrag.receipt.Reason`. The explicit state APIs
+(`KVEngine.restore`, `KVEngine.deposit(after=...)`) raise `StateError`s; `generate` never does,
+it falls back to the text.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ __all__ = [
     "EmptyTextError",
     "ContextTooLongError",
     "ModelError",
+    "VerificationError",
     "StateError",
     "StateNotFoundError",
     "IntegrityError",
+    "SignatureError",
     "ForeignStateError",
-    "VerificationError",
     "StoreError",
     "StoreUnavailableError",
 ]
@@ -55,27 +62,39 @@ class ModelError(KVRagError):
     """A model name that kvrag cannot resolve, or a model it cannot load."""
 
 
+class VerificationError(KVRagError):
+    """A deposit whose grafted state did not reproduce a fresh computation; nothing was stored."""
+
+
 class StateError(KVRagError):
     """A stored state that must not be grafted. The engine falls back to re-reading its text."""
 
-    #: short machine-readable reason, written into receipts
-    reason: str = "state-error"
+    #: the receipt reason (one of `kvrag.receipt.Reason`)
+    reason: str = "integrity"
 
 
 class StateNotFoundError(StateError):
+    """No tier holds the state, or a part of it (payload, frame) is gone."""
+
     reason = "missing"
 
 
 class IntegrityError(StateError):
+    """Stored bytes that do not match their digests, do not parse, or were never verified."""
+
     reason = "integrity"
 
 
+class SignatureError(IntegrityError):
+    """A state or record that is unsigned, or signed with another key."""
+
+    reason = "signature"
+
+
 class ForeignStateError(StateError):
+    """A state of another model, other hardware, or another chain or position."""
+
     reason = "foreign"
-
-
-class VerificationError(StateError):
-    reason = "unverified"
 
 
 class StoreError(KVRagError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel
 

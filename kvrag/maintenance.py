@@ -42,7 +42,7 @@ class GcReport(BaseModel):
 
 def _info(tier: StateStore, key: str) -> StateInfo:
     try:
-        raw = tier.get_manifest(key)
+        raw = tier.read_manifest(key)
         if raw is None:
             raise StateNotFoundError("gone")
         m = parse_manifest(raw)
@@ -65,18 +65,17 @@ def inspect_state(store: StateStore, key: str) -> dict[str, Any]:
     """The manifest of `key` in each tier that has it, and whether its payload checks out there."""
     found: dict[str, Any] = {}
     for tier in store.tiers:
-        raw = tier.get_manifest(key)
+        raw = tier.read_manifest(key)
         if raw is None:
             continue
         entry: dict[str, Any] = {}
         try:
-            manifest = parse_manifest(raw)
-            entry["manifest"] = manifest.model_dump(mode="json")
-            payload = tier.get_payload(key)
-            if payload is None:
+            entry["manifest"] = parse_manifest(raw).model_dump(mode="json")
+            stored = tier.read(key, parse_manifest)  # the payload with the manifest of its own write
+            if stored is None:
                 entry["payload"] = "missing"
             else:
-                decode_payload(payload, manifest)
+                decode_payload(stored.payload, stored.checked)
                 entry["payload"] = "ok: SHA-256 and every tensor header match the manifest"
         except KVRagError as e:
             entry["payload"] = entry.get("payload") or f"{type(e).__name__}: {e}"

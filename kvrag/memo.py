@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 import unicodedata
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
+from kvrag.continuation import Continuation
+from kvrag.decoding import Generation, GenerationStream
 from kvrag.errors import InputError, KVRagError, StateError, VerificationError
 from kvrag.index import IndexedDoc, LexicalIndex
-from kvrag.receipt import Receipt, StateUse, Timings
+from kvrag.schedule import Segment, StateRef
 
 if TYPE_CHECKING:
-    from kvrag.engine import Generation, KVEngine, StateRef, _Segment
+    from kvrag.engine import KVEngine
 
 __all__ = ["canonical_query", "Provenance", "MemoEntry", "Memo", "MEMO_TAIL_TOKENS"]
 
@@ -77,12 +78,11 @@ class Memo:
     def __init__(self, engine: "KVEngine") -> None:
         self.engine = engine
 
-    def _key(self, query: str, segments: Sequence["_Segment"]) -> str:
+    def _key(self, query: str, segments: Sequence[Segment]) -> str:
         return memo_key(self.engine.fingerprint, canonical_query(query), [s.key for s in segments])
 
     def entry(self, query: str, states: Sequence["StateRef | str"] = ()) -> MemoEntry | None:
-        texts = [getattr(s, "text", s) for s in states]
-        return self._load(self._key(query, self.engine.plan(texts)))
+        return self._load(self._key(query, self.engine.plan(_texts(states))))
 
     def _load(self, key: str) -> MemoEntry | None:
         try:
@@ -91,19 +91,14 @@ class Memo:
         except (KVRagError, ValueError):
             return None
 
-    def _segments(self, query: str, answer_ids: list[int], segments: Sequence["_Segment"], tail: int = MEMO_TAIL_TOKENS) -> tuple["_Segment", list[int]]:
-        from kvrag.artifact import state_key
-        from kvrag.engine import _Segment
-
+    def _segment(self, query: str, answer_ids: list[int], context: Sequence[Segment], tail: int) -> tuple[Segment, list[int]]:
+        """The memo state's segment (the question and all but the answer's last `tail` + 1 tokens,
+        after the context) and the answer ids it leaves out."""
         tail = min(tail, max(len(answer_ids) - 1, 0))
         kept = len(answer_ids) - tail - 1  # answer tokens inside the state; one more is fed at recall
-        ids = self.engine.layout.question_ids(query) + answer_ids[:kept]
-        parent = segments[-1].key if segments else None
-        if parent is None:
-            ids = list(self.engine.layout.prefix_ids) + ids
-        start = segments[-1].end if segments else 0
-        segment = _Segment(f"memo:{canonical_query(query)}", ids, state_key(self.engine.fingerprint, parent, ids), parent, start)
-        return segment, answer_ids[kept:]
+        ids = self.engine.planner.question(query, context) + answer_ids[:kept]
+        after = context[-1] if context else None
+        return self.engine.planner.segment(f"memo:{canonical_query(query)}", ids, after), answer_ids[kept:]
 
     def memoize(
         self,
@@ -114,6 +109,7 @@ class Memo:
         provenance: Provenance | None = None,
         verified: bool = True,
     ) -> MemoEntry:
+        """Store `generation` (an answer to `query` after `states`) as a memo entry."""
         return self._memoize(query, [t for t in generation.tokens if t not in self.engine.layout.stop_ids],
                              generation.text, generation.finish_reason == "stop", states, provenance, verified, MEMO_TAIL_TOKENS)
 
@@ -151,21 +147,19 @@ class Memo:
         verified: bool,
         tail: int,
     ) -> MemoEntry:
-        """Store `generation` (an answer to `query` after `states`) as a memo entry.
-
-        A verified entry needs a provenance; its state is deposited after the context chain and
-        checked to reproduce the answer's remaining tokens before the entry is written.
-        """
+        """A verified entry needs a provenance; its state is deposited after the context chain and
+        checked to reproduce the answer's remaining tokens before the entry is written."""
         if verified and provenance is None:
             raise InputError("a verified memo entry needs a provenance: what verified the answer")
         engine = self.engine
-        texts = [getattr(s, "text", s) for s in states]
+        texts = _texts(states)
         segments = engine.plan(texts)
         if not answer_ids:
             raise InputError("cannot memoize an empty answer")
-        segment, remaining = self._segments(query, answer_ids, segments, tail)
-        engine.deposit_chain(texts) if texts else None
-        engine._deposit_segment(segment, segment.parent_key)
+        segment, remaining = self._segment(query, answer_ids, segments, tail)
+        if texts:
+            engine.deposit_chain(texts)
+        engine.deposit_segment(segment)
         entry = MemoEntry(
             memo_key=self._key(query, segments),
             query=query,
@@ -182,14 +176,14 @@ class Memo:
             provenance=provenance,
         )
         if verified:
-            recalled = self._recall(entry, segments, segment, max_new_tokens=len(remaining) + 1).result()
+            recalled = engine.run(self._continuation(entry, segments, segment, len(remaining) + 1)).result()
             got = [t for t in recalled.tokens if t not in engine.layout.stop_ids]
             if got != answer_ids:
                 raise VerificationError("the memo state does not reproduce the verified answer; nothing memoized")
         engine.store.put_blob(f"memo/{entry.memo_key}", entry.model_dump_json().encode())
         return entry
 
-    def find(self, query: str, segments: Sequence["_Segment"]) -> tuple[MemoEntry | None, str | None]:
+    def find(self, query: str, segments: Sequence[Segment]) -> tuple[MemoEntry | None, str | None]:
         """A usable entry for this query and context, or why there is none worth noting."""
         entry = self._load(self._key(query, segments))
         if entry is None:
@@ -200,73 +194,28 @@ class Memo:
             return None, "memo entry is from another model; answered normally"
         return entry, None
 
-    def recall(self, entry: MemoEntry, query: str, segments: Sequence["_Segment"], max_new_tokens: int) -> "Iterator[str] | None":
-        """The answer stream from a verified entry, or None (with the engine answering normally)
-        when the memo state fails its checks."""
-        memo_segment, _ = self._segments(entry.query, entry.answer_ids, segments, entry.tail)
+    def recall(self, query: str, segments: Sequence[Segment], max_new_tokens: int) -> GenerationStream | None:
+        """The answer stream from a verified entry for this query and context, or None (the engine
+        then answers normally) when there is none or its memo state fails its checks."""
+        entry, _ = self.find(query, segments)
+        if entry is None:
+            return None
+        memo_segment, _ = self._segment(entry.query, entry.answer_ids, segments, entry.tail)
         if memo_segment.key != entry.state_key:
             return None
         try:
-            self.engine._fetch(memo_segment.key, memo_segment)
+            self.engine.restorer.fetch(memo_segment.key, memo_segment)
         except StateError:
             return None
-        return self._recall(entry, segments, memo_segment, max_new_tokens)
+        return self.engine.run(self._continuation(entry, segments, memo_segment, max_new_tokens))
 
-    def _recall(self, entry: MemoEntry, segments: Sequence["_Segment"], memo_segment: "_Segment", max_new_tokens: int):  # type: ignore[no-untyped-def]
-        from kvrag.engine import Generation, GenerationStream, _Prefill, _TextDecoder, logits_sha256
-
-        engine = self.engine
-
-        def steps() -> Iterator[str]:
-            began = time.perf_counter()
-            run = _Prefill(engine)
-            uses = []
-            for segment in list(segments) + [memo_segment]:
-                try:
-                    fetched = run.graft(engine._fetch, segment.key, segment)
-                    uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="graft", tier=fetched.tier))
-                except StateError as e:
-                    if segment is memo_segment:
-                        raise
-                    run.text(segment.ids)
-                    uses.append(StateUse(key=segment.key, start=segment.start, end=segment.end, source="text", reason=e.reason, detail=str(e)))
-            run.flush()
-            known = entry.answer_ids[: len(entry.answer_ids) - entry.tail]
-            logits = run.text([known[-1]])
-            first_logits = logits.clone()
-            ttft = time.perf_counter() - began
-            decoder = _TextDecoder(engine.model.tokenizer, engine.layout.stop_ids, ())
-            for token in known:
-                for _ in decoder.push(token):
-                    pass
-            decoder.emitted = 0
-            # Decode what remains of the verified answer, and its end token if it had one.
-            limit = min(max_new_tokens, len(entry.answer_ids) - len(known) + int(entry.ended))
-            tokens = [engine._pick(logits)] if limit > 0 else []
-            for token in tokens:
-                yield from decoder.push(token)
-            t = time.perf_counter()
-            while not decoder.done and len(tokens) < limit:
-                tokens.append(engine._pick(engine._forward([tokens[-1]], run.cache)))
-                yield from decoder.push(tokens[-1])
-            yield from decoder.flush()
-            receipt = Receipt(
-                mode="memo",
-                exact=True,
-                states=uses,
-                tokens_reused=run.reused,
-                tokens_prefilled=run.prefilled,
-                decode_tokens=len(tokens),
-                timings=Timings(restore_ms=run.restore_s * 1e3, prefill_ms=run.prefill_s * 1e3, ttft_ms=ttft * 1e3,
-                                decode_ms=(time.perf_counter() - t) * 1e3, total_ms=(time.perf_counter() - began) * 1e3),
-                first_token_logits_sha256=logits_sha256(first_logits),
-                model_fingerprint=engine.fingerprint,
-                hardware_fingerprint=engine.hardware().digest,
-            )
-            return Generation(text=decoder.text.strip(), tokens=known + tokens, receipt=receipt,
-                              first_token_logits=first_logits, finish_reason="stop" if entry.ended else "length")
-
-        return GenerationStream(steps())
+    @staticmethod
+    def _continuation(entry: MemoEntry, context: Sequence[Segment], memo_segment: Segment, max_new_tokens: int) -> Continuation:
+        """Graft the context and the memo state, feed the next answer token, decode what remains of
+        the verified answer (and its end token if it had one)."""
+        known = entry.answer_ids[: len(entry.answer_ids) - entry.tail]
+        limit = min(max_new_tokens, len(entry.answer_ids) - len(known) + int(entry.ended))
+        return Continuation([*context, memo_segment], [known[-1]], limit, known=known, memo=True)
 
     def suggestions(self, query: str, k: int = 3) -> list[tuple[MemoEntry, float]]:
         """Stored entries whose queries look like `query`: for a person to look at, never an answer."""
@@ -276,3 +225,7 @@ class Memo:
             return []
         index = LexicalIndex([IndexedDoc(e.canonical, {"i": i}) for i, e in enumerate(entries)])
         return [(entries[d.metadata["i"]], score) for d, score in index.search(canonical_query(query), k) if score > 0]
+
+
+def _texts(states: Sequence["StateRef | str"]) -> list[str]:
+    return [s if isinstance(s, str) else s.text for s in states]

@@ -14,15 +14,11 @@ import logging
 import os
 
 from kvrag.artifact import StateManifest
-from kvrag.errors import IntegrityError
+from kvrag.errors import SignatureError
 
-__all__ = ["signing_key_from_env", "sign_manifest", "check_signature", "SignatureError"]
+__all__ = ["signing_key_from_env", "sign_manifest", "check_signature"]
 
 log = logging.getLogger("kvrag.signing")
-
-
-class SignatureError(IntegrityError):
-    reason = "signature"
 
 
 def signing_key_from_env() -> bytes | None:

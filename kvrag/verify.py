@@ -10,6 +10,10 @@ then three first-token logits are compared:
 
 Graft against fresh must be byte-exact. Graft against monolithic is reported as measured; on a
 CPU it usually differs in the last bits, and that is never called exact.
+
+Chains are checked too: a chain is deposited the engine's way (each state computed after its
+ancestors' grafted states), then every state's K/V are recomputed from scratch, all segments
+in order, and the payload's SHA-256 must equal the stored one.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from typing import Callable
 
 import torch
 from pydantic import BaseModel
-from transformers import DynamicCache
 
-from kvrag.engine import KVEngine, logits_sha256
+from kvrag.artifact import encode_payload, parse_manifest, sha256_hex
+from kvrag.engine import KVEngine
+from kvrag.layers import extract
 from kvrag.models import LoadedModel
+from kvrag.runner import logits_sha256
 from kvrag.samples import verification_pairs
 from kvrag.stores import MemoryStore
 
@@ -49,6 +55,8 @@ class VerifyReport(BaseModel):
     max_abs_diff: float
     fallback_byte_exact: int
     monolithic: Agreement
+    chain_states: int = 0
+    chain_states_byte_exact: int = 0
     prompt_tokens_min: int
     prompt_tokens_max: int
     model_fingerprint: str
@@ -80,11 +88,18 @@ class _Tally:
         )
 
 
-def _plain_forward(model: LoadedModel, ids: list[int], cache: DynamicCache | None) -> torch.Tensor:
-    input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
-    with torch.inference_mode():
-        out = model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[0, -1]
+def _chain_check(engine: KVEngine, documents: list[str]) -> tuple[int, int]:
+    """(states, byte-exact states) of a chain deposited by the engine against a from-scratch run."""
+    refs = engine.deposit_chain(documents)
+    runner = engine.runner
+    cache = runner.new_cache()
+    exact = 0
+    for segment in engine.plan(documents):
+        runner.forward(segment.ids, cache)
+        _, tensors = extract(runner.codecs, cache, segment.start, segment.end)
+        stored = parse_manifest(engine.store.read_manifest(segment.key) or b"")
+        exact += sha256_hex(encode_payload(tensors)) == stored.payload_sha256
+    return len(refs), exact
 
 
 def verify_model(
@@ -106,10 +121,11 @@ def verify_model(
         query = engine.layout.question_ids(question)
         lengths.append(len(segment) + len(query))
 
-        cache = DynamicCache(config=model.hf_model.config)
-        _plain_forward(model, segment, cache)
-        fresh = _plain_forward(model, query, cache)
-        monolithic = _plain_forward(model, segment + query, DynamicCache(config=model.hf_model.config))
+        runner = engine.runner
+        cache = runner.new_cache()
+        runner.forward(segment, cache)
+        fresh = runner.forward(query, cache)
+        monolithic = runner.forward(segment + query, runner.new_cache())
         fallback = text_only.generate(question, states=[document], max_new_tokens=1)
 
         fresh_tally.add(fresh, graft.first_token_logits)
@@ -117,6 +133,12 @@ def verify_model(
         fallback_exact += fallback.receipt.first_token_logits_sha256 == graft.receipt.first_token_logits_sha256
         if progress:
             progress(index + 1, samples)
+    chains = max(1, samples // 10)
+    pool = [d for i, (d, _) in enumerate(verification_pairs(15 * chains, model.tokenizer)) if i % 5 == 1]
+    chain_states = chain_exact = 0
+    for c in range(chains):
+        states, exact = _chain_check(KVEngine(model, MemoryStore()), pool[3 * c : 3 * c + 3])
+        chain_states, chain_exact = chain_states + states, chain_exact + exact
     result = fresh_tally.agreement()
     return VerifyReport(
         model=model.name,
@@ -130,6 +152,8 @@ def verify_model(
         max_abs_diff=result.max_abs_diff,
         fallback_byte_exact=fallback_exact,
         monolithic=mono_tally.agreement(),
+        chain_states=chain_states,
+        chain_states_byte_exact=chain_exact,
         prompt_tokens_min=min(lengths, default=0),
         prompt_tokens_max=max(lengths, default=0),
         model_fingerprint=model.fingerprint.digest,

@@ -15,8 +15,8 @@ from .conftest import DOC_A, tiny
 
 _ENGINE = KVEngine(tiny("gemma3"), MemoryStore())
 _REF = _ENGINE.deposit(DOC_A)
-MANIFEST_BYTES = _ENGINE.store.get_manifest(_REF.key)
-PAYLOAD = _ENGINE.store.get_payload(_REF.key)
+MANIFEST_BYTES = _ENGINE.store.read_manifest(_REF.key)
+PAYLOAD = _ENGINE.store.read(_REF.key).payload
 MANIFEST = parse_manifest(MANIFEST_BYTES)
 
 
@@ -34,8 +34,8 @@ def test_round_trip_is_exact_and_zero_copy():
 def test_payload_keeps_the_cache_dtype():
     engine = KVEngine(tiny("llama", "bfloat16"), MemoryStore())
     ref = engine.deposit(DOC_A)
-    manifest = parse_manifest(engine.store.get_manifest(ref.key))
-    tensors = decode_payload(engine.store.get_payload(ref.key), manifest)
+    manifest = parse_manifest(engine.store.read_manifest(ref.key))
+    tensors = decode_payload(engine.store.read(ref.key).payload, manifest)
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
     assert {layer.dtype for layer in manifest.layers} == {"BF16"}
 

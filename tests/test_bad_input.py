@@ -50,7 +50,7 @@ def test_a_state_from_another_model():
 
     # The same bytes planted in our store under our key: refused by fingerprint, answered by fallback.
     ours_ref = ours.ref(DOC_A)
-    ours.store.put(ours_ref.key, theirs.store.get_manifest(foreign.key), theirs.store.get_payload(foreign.key))
+    ours.store.put(ours_ref.key, theirs.store.read_manifest(foreign.key), theirs.store.read(foreign.key).payload)
     with pytest.raises((ForeignStateError, IntegrityError)):
         ours.restore(ours_ref)
     generation = ours.generate(QUESTION, states=[ours_ref], max_new_tokens=2)
@@ -59,9 +59,9 @@ def test_a_state_from_another_model():
 
 def test_a_manifest_whose_payload_hash_does_not_match(llama_engine):
     ref = llama_engine.deposit(DOC_A)
-    payload = bytearray(llama_engine.store.get_payload(ref.key))
+    payload = bytearray(llama_engine.store.read(ref.key).payload)
     payload[-1] ^= 0xFF
-    llama_engine.store.put(ref.key, llama_engine.store.get_manifest(ref.key), bytes(payload))
+    llama_engine.store.put(ref.key, llama_engine.store.read_manifest(ref.key), bytes(payload))
     with pytest.raises(IntegrityError, match="SHA-256"):
         llama_engine.restore(ref)
     receipt = llama_engine.generate(QUESTION, states=[ref], max_new_tokens=2).receipt
@@ -78,9 +78,9 @@ def test_a_chain_whose_parent_is_missing(llama_engine):
 
 def test_an_unverified_state_is_never_grafted(llama_engine):
     ref = llama_engine.deposit(DOC_A)
-    data = json.loads(llama_engine.store.get_manifest(ref.key))
+    data = json.loads(llama_engine.store.read_manifest(ref.key))
     data["deposit"]["verified"] = False
-    llama_engine.store.put(ref.key, json.dumps(data).encode(), llama_engine.store.get_payload(ref.key))
+    llama_engine.store.put(ref.key, json.dumps(data).encode(), llama_engine.store.read(ref.key).payload)
     with pytest.raises(IntegrityError, match="verified"):
         llama_engine.restore(ref)
 

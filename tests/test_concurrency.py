@@ -44,7 +44,7 @@ def test_a_reader_during_rewrites_sees_one_state_or_a_miss(redis_server):
     # Two different valid (manifest, payload) pairs written under one key, over and over.
     source = KVEngine(tiny("llama"), MemoryStore())
     a, b = source.deposit(DOC_A), source.deposit(DOC_B)
-    pairs = [(source.store.get_manifest(r.key), source.store.get_payload(r.key)) for r in (a, b)]
+    pairs = [(source.store.read_manifest(r.key), source.store.read(r.key).payload) for r in (a, b)]
     key = "c" * 64
     writer_store = open_store(f"{redis_server.url}?frame_mib=0.005")
     reader_store = open_store(f"{redis_server.url}?frame_mib=0.005")
@@ -61,14 +61,11 @@ def test_a_reader_during_rewrites_sees_one_state_or_a_miss(redis_server):
     seen = 0
     try:
         for _ in range(200):
-            manifest_bytes = reader_store.get_manifest(key)
-            if manifest_bytes is None:
+            stored = reader_store.read(key)
+            if stored is None:
                 continue
-            payload = reader_store.get_payload(key)
-            if payload is None:
-                continue
-            manifest = parse_manifest(manifest_bytes)
-            decode_payload(payload, manifest)  # raises if manifest and payload came from different writes
+            manifest = parse_manifest(stored.manifest)
+            decode_payload(stored.payload, manifest)  # raises if manifest and payload came from different writes
             seen += 1
     finally:
         stop.set()

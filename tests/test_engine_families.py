@@ -30,7 +30,7 @@ def test_graft_and_every_fallback_give_the_same_logits(family, dtype):
     assert graft.receipt.tokens_reused == ref.token_count
 
     store = engine.store
-    manifest, payload = store.get_manifest(ref.key), store.get_payload(ref.key)
+    manifest, payload = store.read_manifest(ref.key), store.read(ref.key).payload
     damaged = bytearray(payload)
     damaged[len(damaged) // 2] ^= 0x01
     cases = {
@@ -67,7 +67,7 @@ def test_a_state_anywhere_but_its_own_position_is_never_exact(family):
 
     # A state's bytes planted under the key of another position are refused, not grafted.
     expected_key = engine.plan([DOC_B])[0].key
-    engine.store.put(expected_key, engine.store.get_manifest(b.key), engine.store.get_payload(b.key))
+    engine.store.put(expected_key, engine.store.read_manifest(b.key), engine.store.read(b.key).payload)
     planted = engine.generate(QUESTION, states=[DOC_B], max_new_tokens=2)
     assert planted.receipt.mode == "text-prefill" and planted.receipt.states[0].reason == "integrity"
     assert planted.receipt.first_token_logits_sha256 == moved.receipt.first_token_logits_sha256
@@ -99,7 +99,7 @@ def test_gemma3_sliding_layers_longer_than_the_window_restore_exactly():
     engine = _engine("gemma3")
     a, b = engine.deposit_chain([DOC_A, "Short tail."])
     for ref in (a, b):
-        manifest = parse_manifest(engine.store.get_manifest(ref.key))
+        manifest = parse_manifest(engine.store.read_manifest(ref.key))
         window = manifest.layers[0].window
         sliding = [layer for layer in manifest.layers if layer.kind == "sliding"]
         full = [layer for layer in manifest.layers if layer.kind == "full"]
@@ -117,21 +117,21 @@ def test_gemma3_sliding_layers_longer_than_the_window_restore_exactly():
 def test_gemma3_refuses_a_sliding_state_that_does_not_hold_its_window():
     engine = _engine("gemma3")
     ref = engine.deposit(DOC_A)
-    data = json.loads(engine.store.get_manifest(ref.key))
+    data = json.loads(engine.store.read_manifest(ref.key))
     for layer in data["layers"]:
         if layer["kind"] == "sliding":
             layer["window"] = 4096  # claims to hold the whole document
-    engine.store.put(ref.key, json.dumps(data).encode(), engine.store.get_payload(ref.key))
+    engine.store.put(ref.key, json.dumps(data).encode(), engine.store.read(ref.key).payload)
     generation = engine.generate(QUESTION, states=[ref], max_new_tokens=2)
     assert generation.receipt.mode == "text-prefill" and generation.receipt.states[0].reason == "integrity"
 
 
 def test_stored_states_are_never_mutated_by_generation(llama_engine):
     ref = llama_engine.deposit(DOC_A)
-    payload_before = bytes(llama_engine.store.get_payload(ref.key))
+    payload_before = bytes(llama_engine.store.read(ref.key).payload)
     for _ in range(2):
         llama_engine.generate(QUESTION, states=[ref], max_new_tokens=8)
-    assert bytes(llama_engine.store.get_payload(ref.key)) == payload_before
+    assert bytes(llama_engine.store.read(ref.key).payload) == payload_before
 
 
 class CountingStore(MemoryStore):

@@ -47,9 +47,9 @@ def test_an_unverified_entry_is_answered_normally(engine):
 def test_an_entry_whose_state_fails_its_checks_is_answered_normally(engine):
     first = engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16)
     entry = engine.memo.memoize(QUESTION, first, states=[DOC_A], provenance=GOLD)
-    payload = bytearray(engine.store.get_payload(entry.state_key))
+    payload = bytearray(engine.store.read(entry.state_key).payload)
     payload[-3] ^= 0x10
-    engine.store.put(entry.state_key, engine.store.get_manifest(entry.state_key), bytes(payload))
+    engine.store.put(entry.state_key, engine.store.read_manifest(entry.state_key), bytes(payload))
     answer = engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16)
     assert answer.receipt.mode == "exact-graft" and answer.text == first.text
 

@@ -149,9 +149,12 @@ class KillingRedisStore(RedisStore):
         super().__init__(inner._client_factory, url=inner.url, frame_bytes=inner.frame_bytes)
         self.server = server
 
-    def get_payload(self, key):
-        self.server.stop(kill=True)
-        return super().get_payload(key)
+    def read(self, key, check=None):
+        def kill_after_the_record(manifest):
+            self.server.stop(kill=True)
+            return check(manifest) if check else None
+
+        return super().read(key, kill_after_the_record)
 
 
 def test_redis_killed_in_the_middle_of_a_read(redis_server, tmp_path, reference):
@@ -189,14 +192,14 @@ def test_a_colder_hit_is_promoted_and_hot_only_writes(redis_server, tmp_path):
     disk = KVEngine(tiny("llama"), f"disk://{tmp_path}")
     ref = disk.deposit(DOC_A)
     tiered = _redis_engine(redis_server, f"disk://{tmp_path}")
-    assert tiered.tiers[0].get_manifest(ref.key) is None
+    assert tiered.tiers[0].read_manifest(ref.key) is None
     assert tiered.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.states[0].tier == f"disk://{tmp_path}"
-    assert tiered.tiers[0].get_manifest(ref.key) is not None
+    assert tiered.tiers[0].read_manifest(ref.key) is not None
 
     hot_only = KVEngine(tiny("llama"), open_store(f"{redis_server.url}?{FRAME},disk://{tmp_path}/hot", write="hot"))
     other = hot_only.deposit(DOC_B)
-    assert hot_only.tiers[0].get_manifest(other.key) is not None
-    assert hot_only.tiers[1].get_manifest(other.key) is None
+    assert hot_only.tiers[0].read_manifest(other.key) is not None
+    assert hot_only.tiers[1].read_manifest(other.key) is None
 
 
 def test_ttl_expires_states(redis_server, reference):

@@ -23,25 +23,25 @@ def test_invalid_keys_are_refused(kind, tmp_path):
     store = MemoryStore() if kind == "memory" else DiskStore(tmp_path)
     for key in ("../etc/passwd", "ABC", "a" * 63):
         with pytest.raises(StoreError):
-            store.get_manifest(key)
+            store.read_manifest(key)
 
 
 def test_disk_store_writes_atomically_and_reads_through_mmap(tmp_path):
     store = DiskStore(tmp_path)
-    assert store.get_manifest(KEY) is None and store.get_payload(KEY) is None
+    assert store.read_manifest(KEY) is None and store.read(KEY) is None
     store.put(KEY, b"{}", b"payload-bytes")
-    assert store.get_manifest(KEY) == b"{}"
-    payload = store.get_payload(KEY)
+    assert store.read_manifest(KEY) == b"{}"
+    payload = store.read(KEY).payload
     assert isinstance(payload.obj, mmap.mmap) and bytes(payload) == b"payload-bytes"
     payload[0:1] = b"X"  # a private mapping: the file is untouched
-    assert bytes(store.get_payload(KEY)) == b"payload-bytes"
+    assert bytes(store.read(KEY).payload) == b"payload-bytes"
     with open(next(tmp_path.rglob("*.kvstate")), "rb") as f:
         data = f.read()
     assert data.index(b"payload-bytes") % 4096 == 0  # page-aligned payload
     assert list(store.keys()) == [KEY] and KEY in store
     assert not [p for p in tmp_path.rglob(".*") if p.is_file()]  # no temporary files left behind
     store.delete(KEY)
-    assert store.get_manifest(KEY) is None and list(store.keys()) == []
+    assert store.read_manifest(KEY) is None and list(store.keys()) == []
 
 
 def test_engine_on_a_disk_store_survives_a_new_process_view(tmp_path):

@@ -14,13 +14,13 @@ from typing import Literal
 
 from kvrag.errors import StoreError
 from kvrag.paths import kvrag_home
-from kvrag.stores.base import StateStore
+from kvrag.stores.base import BlobStore, Found, StateCheck, StateStore, StoredState
 from kvrag.stores.disk import DiskStore
 from kvrag.stores.memory import MemoryStore
 from kvrag.stores.redis import RedisStore, redis_store_from_url
 from kvrag.stores.tiered import TieredStore
 
-__all__ = ["StateStore", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "open_store", "default_store_url"]
+__all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Found", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "open_store", "default_store_url"]
 
 _SCHEMES = "disk://PATH, memory://, redis://, rediss://, redis+cluster://, or a comma list of them"
 

@@ -14,10 +14,10 @@ import struct
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from kvrag.errors import IntegrityError, StoreError
-from kvrag.stores.base import StateStore, check_blob_name, check_key
+from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
 
 __all__ = ["DiskStore"]
 
@@ -27,20 +27,29 @@ _ALIGN = 4096
 _MAX_MANIFEST = 64 << 20
 
 
-class DiskStore(StateStore):
+class DiskStore(StateStore, BlobStore):
     """States under `root/states/<key[:2]>/<key>.kvstate`."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser()
         self.url = f"disk://{self.root}"
-        self._open: dict[str, tuple[mmap.mmap | bytes, int]] = {}
 
     def _path(self, key: str) -> Path:
         check_key(key)
         return self.root / "states" / key[:2] / f"{key}{SUFFIX}"
 
-    def _map(self, key: str) -> tuple[mmap.mmap | bytes, int, bytes] | None:
-        """Map the file once: the manifest bytes and the payload's offset in the same mapping."""
+    def _manifest_length(self, key: str, head: bytes, size: int) -> int:
+        if size < 16 or len(head) < 16:
+            raise IntegrityError(f"state file {key[:12]} is truncated")
+        if head[:8] != MAGIC:
+            raise IntegrityError(f"state file {key[:12]} is not a kvrag state")
+        (length,) = struct.unpack("<Q", head[8:16])
+        if length > _MAX_MANIFEST or _payload_offset(length) > size:
+            raise IntegrityError(f"state file {key[:12]} claims a {length}-byte manifest; refusing it")
+        return length
+
+    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+        """One mapping of the file: the manifest and the payload come from the same write."""
         try:
             with self._path(key).open("rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -53,35 +62,23 @@ class DiskStore(StateStore):
             return None
         except OSError as e:
             raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
-        if data[:8] != MAGIC:
-            raise IntegrityError(f"state file {key[:12]} is not a kvrag state")
-        (length,) = struct.unpack("<Q", data[8:16])
-        offset = _payload_offset(length)
-        if length > _MAX_MANIFEST or offset > len(data):
-            raise IntegrityError(f"state file {key[:12]} claims a {length}-byte manifest; refusing it")
-        return data, offset, bytes(data[16 : 16 + length])
+        length = self._manifest_length(key, data[:16], len(data))
+        manifest = bytes(data[16 : 16 + length])
+        checked = check(manifest) if check else None
+        return StoredState(manifest, memoryview(data)[_payload_offset(length) :], checked)
 
-    def get_manifest(self, key: str) -> bytes | None:
-        mapped = self._map(key)
-        if mapped is None:
+    def read_manifest(self, key: str) -> bytes | None:
+        try:
+            with self._path(key).open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                length = self._manifest_length(key, f.read(16), size)
+                return f.read(length)
+        except FileNotFoundError:
             return None
-        data, offset, manifest = mapped
-        if len(self._open) > 64:
-            self._open.clear()
-        self._open[key] = (data, offset)  # the payload read that follows uses this same file
-        return manifest
+        except OSError as e:
+            raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
 
-    def get_payload(self, key: str) -> memoryview | None:
-        opened = self._open.pop(key, None)
-        if opened is None:
-            mapped = self._map(key)
-            if mapped is None:
-                return None
-            opened = mapped[:2]
-        data, offset = opened
-        return memoryview(data)[offset:]
-
-    def put(self, key: str, manifest: bytes, payload: bytes) -> None:
+    def put(self, key: str, manifest: bytes, payload: Any) -> None:
         path = self._path(key)
         header = MAGIC + struct.pack("<Q", len(manifest)) + manifest
         padding = b"\0" * (_payload_offset(len(manifest)) - len(header))
@@ -103,7 +100,6 @@ class DiskStore(StateStore):
             raise StoreError(f"cannot write {key[:12]} to {self.url}: {e}") from e
 
     def delete(self, key: str) -> None:
-        self._open.pop(key, None)
         self._path(key).unlink(missing_ok=True)
 
     def keys(self) -> Iterator[str]:

@@ -3,31 +3,33 @@
 from __future__ import annotations
 
 import threading
-from typing import Iterator
-
 import time
+from typing import Any, Callable, Iterator
 
-from kvrag.stores.base import StateStore, check_blob_name, check_key
+from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(StateStore):
+class MemoryStore(StateStore, BlobStore):
     def __init__(self) -> None:
         self.url = "memory://"
         self._states: dict[str, tuple[bytes, bytes]] = {}
         self._lock = threading.Lock()
         self._blobs: dict[str, tuple[bytes, float | None]] = {}
 
-    def get_manifest(self, key: str) -> bytes | None:
+    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+        state = self._states.get(check_key(key))
+        if state is None:
+            return None
+        manifest, payload = state
+        return StoredState(manifest, payload, check(manifest) if check else None)
+
+    def read_manifest(self, key: str) -> bytes | None:
         state = self._states.get(check_key(key))
         return state[0] if state else None
 
-    def get_payload(self, key: str) -> bytes | None:
-        state = self._states.get(check_key(key))
-        return state[1] if state else None
-
-    def put(self, key: str, manifest: bytes, payload: bytes) -> None:
+    def put(self, key: str, manifest: bytes, payload: Any) -> None:
         with self._lock:
             self._states[check_key(key)] = (bytes(manifest), bytes(payload))
 

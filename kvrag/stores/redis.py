@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kvrag.errors import StoreError
-from kvrag.stores.base import StateStore, check_blob_name, check_key
+from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
 from kvrag.stores.frames import DEFAULT_FRAME_BYTES, Assembler, FrameRecord, make_record, parse_record
 
 __all__ = ["RedisStore", "redis_store_from_url"]
@@ -29,7 +29,7 @@ def _redis_errors() -> tuple[type[BaseException], ...]:
     return (redis.exceptions.RedisError, OSError)
 
 
-class RedisStore(StateStore):
+class RedisStore(StateStore, BlobStore):
     """A tier on one Redis server or a Redis Cluster. The client is created on first use."""
 
     def __init__(
@@ -53,7 +53,6 @@ class RedisStore(StateStore):
         self.frames_per_mget = frames_per_mget
         self._client_factory = client_factory
         self._client: Any = None
-        self._records: dict[str, FrameRecord] = {}
 
     @property
     def client(self) -> Any:
@@ -80,21 +79,18 @@ class RedisStore(StateStore):
         raw = self._call("GET", lambda: self.client.get(self._mkey(key)))
         return None if raw is None else parse_record(raw)
 
-    def get_manifest(self, key: str) -> bytes | None:
+    def read_manifest(self, key: str) -> bytes | None:
+        record = self.get_record(key)
+        return None if record is None else record.manifest.encode()
+
+    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+        """The record, then its frames: the manifest and payload of one write, always together
+        (a rewrite of the key in between leaves the old frames until gc)."""
         record = self.get_record(key)
         if record is None:
             return None
-        # The payload read that follows uses this same record, so a manifest and a payload always
-        # belong together even if the key is rewritten in between (old frames stay until gc).
-        if len(self._records) > 64:
-            self._records.clear()
-        self._records[key] = record
-        return record.manifest.encode()
-
-    def get_payload(self, key: str) -> bytearray | None:
-        record = self._records.pop(key, None) or self.get_record(key)
-        if record is None:
-            return None
+        manifest = record.manifest.encode()
+        checked = check(manifest) if check else None
         keys = self._fkeys(key, record)
         assembler = Assembler(record, self.max_state_bytes)
 
@@ -112,9 +108,9 @@ class RedisStore(StateStore):
         for i in range(0, len(keys), self.frames_per_mget):
             if not assembler.add(self._call("MGET frames", fetch, keys[i : i + self.frames_per_mget])):
                 return None
-        return assembler.result()
+        return StoredState(manifest, assembler.result(), checked)
 
-    def put(self, key: str, manifest: bytes, payload: bytes) -> None:
+    def put(self, key: str, manifest: bytes, payload: Any) -> None:
         record, frames = make_record(manifest, payload, self.frame_bytes)
         keys = self._fkeys(key, record)
 

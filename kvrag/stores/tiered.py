@@ -1,24 +1,26 @@
-"""Tiers by composition: read hot first, write through (or hot only).
+"""Tiers by composition: read hot first, write through (or hot only), backfill what passed.
 
-The engine reads tier by tier itself, so that a state damaged in one tier is fetched from the next
-and only a verified copy is promoted into the hotter tiers. Used directly, this store answers from
-the first tier that has the key.
+`fetch` walks the tiers with the reader's checks: a state damaged, foreign or unreachable in one
+tier is fetched from the next, and only a copy that passed every check is promoted into the
+hotter tiers. Blobs are read the same way (the first tier that has one; copied into hotter ones).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
-from kvrag.errors import StoreError
-from kvrag.stores.base import StateStore, check_blob_name
+from kvrag.errors import StateError, StateNotFoundError, StoreError
+from kvrag.stores.base import BlobStore, Found, StateCheck, StateStore, StoredState, check_blob_name
 
 __all__ = ["TieredStore"]
 
 log = logging.getLogger("kvrag.stores")
 
+T = TypeVar("T")
 
-class TieredStore(StateStore):
+
+class TieredStore(StateStore, BlobStore):
     def __init__(self, tiers: Sequence[StateStore], *, write: Literal["all", "hot"] = "all") -> None:
         if not tiers:
             raise StoreError("a tiered store needs at least one tier")
@@ -30,27 +32,58 @@ class TieredStore(StateStore):
     def tiers(self) -> list[StateStore]:
         return list(self._tiers)
 
-    def _first(self, fetch: str, key: str) -> Any:
+    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+        """The first tier's copy (unchecked beyond `check`); `fetch` is the checked, promoting read."""
         errors = []
         for tier in self.tiers:
             try:
-                value = getattr(tier, fetch)(key)
+                stored = tier.read(key, check)
             except StoreError as e:
                 errors.append(str(e))
                 continue
-            if value is not None:
-                return value
+            if stored is not None:
+                return stored
         if errors and len(errors) == len(self.tiers):
             raise StoreError("; ".join(errors))
         return None
 
-    def get_manifest(self, key: str) -> bytes | None:
-        return self._first("get_manifest", key)
+    def read_manifest(self, key: str) -> bytes | None:
+        for tier in self.tiers:
+            try:
+                raw = tier.read_manifest(key)
+            except StoreError:
+                continue
+            if raw is not None:
+                return raw
+        return None
 
-    def get_payload(self, key: str) -> Any | None:
-        return self._first("get_payload", key)
+    def fetch(self, key: str, check: StateCheck[T]) -> Found[T]:
+        """The first copy that passes `check`, tier by tier; it is then written into the hotter tiers
+        that missed. Raises the most telling `StateError` when no tier has a good copy."""
+        misses: list[tuple[str, StateError]] = []
+        for index, tier in enumerate(self.tiers):
+            try:
+                found = tier.fetch(key, check)
+            except StateError as e:
+                misses.append((tier.url, e))
+                continue
+            self._promote(key, found.stored, self.tiers[:index])
+            return Found(found.value, found.tier, found.stored, tuple(misses))
+        telling = [e for _, e in misses if not isinstance(e, StateNotFoundError)] or [e for _, e in misses]
+        detail = "; ".join(f"{url}: {e}" for url, e in misses) if len(misses) > 1 else str(telling[0])
+        raise type(telling[0])(detail) from telling[0]
 
-    def put(self, key: str, manifest: bytes, payload: bytes) -> None:
+    def _promote(self, key: str, stored: StoredState, hotter: Sequence[StateStore]) -> None:
+        if not hotter:
+            return
+        data = bytes(stored.payload)
+        for tier in hotter:
+            try:
+                tier.put(key, stored.manifest, data)
+            except StoreError as e:
+                log.warning("could not promote state %s into %s: %s", key[:12], tier.url, e)
+
+    def put(self, key: str, manifest: bytes, payload: Any) -> None:
         targets = self.tiers if self.write == "all" else self.tiers[:1]
         errors = []
         for tier in targets:

@@ -1,0 +1,148 @@
+"""A continuation: run a schedule (grafting every state that passes its checks), feed some ids,
+decode up to N tokens. Every answer kvrag gives goes through here: `KVEngine.generate`, a memo
+recall, the A/B harness's arms. This is the only decode loop.
+
+A context segment whose state cannot be grafted is re-read as text in the same segment, so the
+bytes stay those of a fresh computation of the same schedule; the receipt names each segment's
+source and, for a fallback, the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from kvrag.approximate import moved_graft
+from kvrag.decoding import Generation, GenerationStream, TextDecoder
+from kvrag.errors import StateError
+from kvrag.fingerprints import HardwareFingerprint
+from kvrag.prefill import Prefill
+from kvrag.prompt import PromptLayout
+from kvrag.receipt import Receipt, StateUse, Timings, mode_of
+from kvrag.restore import Restorer
+from kvrag.runner import ModelRunner, logits_sha256
+from kvrag.schedule import Segment, StateRef
+
+__all__ = ["Continuation", "Continuer"]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What to run: `context` segments (grafted where stored, else text), then `feed` in one
+    forward call, then up to `max_new_tokens` decoded tokens.
+
+    `requested` is what the caller asked for per context segment (a ref deposited elsewhere is
+    `moved`; with `approximate` it is moved there instead of re-read). `known` are answer ids
+    already given (their text starts the answer; decoding continues after them). With `memo`,
+    the last context segment is a memo state that must graft, and the receipt says `memo`.
+    """
+
+    context: Sequence[Segment]
+    feed: Sequence[int]
+    max_new_tokens: int
+    stop: Sequence[str] = ()
+    graft: bool = True
+    requested: Sequence[StateRef | str] | None = None
+    approximate: bool = False
+    known: Sequence[int] = ()
+    memo: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return (self.context[-1].end if self.context else 0) + len(self.feed)
+
+
+class Continuer:
+    """Runs continuations for one model, store and layout."""
+
+    def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout,
+                 hardware: Callable[[], HardwareFingerprint]) -> None:
+        self.runner = runner
+        self.restorer = restorer
+        self.layout = layout
+        self.hardware = hardware
+
+    def stream(self, continuation: Continuation) -> GenerationStream:
+        return GenerationStream(self._steps(continuation))
+
+    def _context(self, run: Prefill, c: Continuation) -> list[StateUse]:
+        uses: list[StateUse] = []
+        for index, segment in enumerate(c.context):
+            req = c.requested[index] if c.requested else None
+            moved = isinstance(req, StateRef) and req.key != segment.key
+            span: dict[str, Any] = {"key": segment.key, "start": segment.start, "end": segment.end,
+                                    "requested_key": req.key if isinstance(req, StateRef) and moved else None}
+            if not c.graft:
+                run.text(segment.ids)
+                uses.append(StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation"))
+                continue
+            try:
+                grafted = run.graft(lambda: self.restorer.graft(segment))
+                uses.append(StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes))
+                continue
+            except StateError as e:
+                if c.memo and index == len(c.context) - 1:
+                    raise
+                reason, detail = e.reason, str(e)
+            if isinstance(req, StateRef) and moved:
+                reason, detail = "moved", (
+                    f"state {req.key[:12]} was deposited at positions {req.start}..{req.end} after "
+                    f"{'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; it is needed "
+                    f"at {segment.start}..{segment.end}. {detail}"
+                )
+                if c.approximate:
+                    try:
+                        doc_ids = self.layout.document_ids(segment.text)
+                        grafted = run.graft(lambda: moved_graft(self.runner.model.hf_model, self.runner.codecs,
+                                                                self.restorer.fetch(req.key), doc_ids, segment))
+                        uses.append(StateUse(**{**span, "requested_key": req.key}, source="approximate",
+                                             tier=grafted.tier, reason=reason, detail=detail))
+                        continue
+                    except StateError as e:
+                        detail += f" Not moved either: {e}"
+            run.text(segment.ids)
+            uses.append(StateUse(**span, source="text", reason=reason, detail=detail))  # type: ignore[arg-type]
+        return uses
+
+    def _steps(self, c: Continuation) -> Iterator[str]:
+        began = time.perf_counter()
+        run = Prefill(self.runner)
+        uses = self._context(run, c)
+        logits = run.text(c.feed)
+        first_logits = logits.clone()
+        limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
+        tokens = [self.runner.pick(logits)] if limit > 0 else []
+        ttft_s = time.perf_counter() - began
+
+        t = time.perf_counter()
+        text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
+        for token in tokens:
+            yield from text.push(token)
+        while not text.done and len(tokens) < limit:
+            tokens.append(self.runner.pick(self.runner.forward([tokens[-1]], run.cache)))
+            yield from text.push(tokens[-1])
+        yield from text.flush()
+        decode_s = time.perf_counter() - t
+
+        mode = mode_of(uses, memo=c.memo)
+        receipt = Receipt(
+            mode=mode,
+            exact=mode != "approximate-graft",
+            states=uses,
+            tokens_reused=run.reused,
+            tokens_prefilled=run.prefilled,
+            decode_tokens=len(tokens),
+            timings=Timings(
+                restore_ms=run.restore_s * 1e3,
+                prefill_ms=run.prefill_s * 1e3,
+                ttft_ms=ttft_s * 1e3,
+                decode_ms=decode_s * 1e3,
+                total_ms=(time.perf_counter() - began) * 1e3,
+            ),
+            first_token_logits_sha256=logits_sha256(first_logits),
+            model_fingerprint=self.runner.model.fingerprint.digest,
+            hardware_fingerprint=self.hardware().digest,
+        )
+        return Generation(text=text.text.strip(), tokens=list(c.known) + tokens, receipt=receipt,
+                          first_token_logits=first_logits, finish_reason="stop" if text.done else "length")

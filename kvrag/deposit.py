@@ -1,0 +1,98 @@
+"""Depositing: read a segment once after its verified ancestors, verify the state, store it.
+
+The segment is prefilled after its ancestors' grafted states (already verified, so their bytes
+are a fresh computation's; `kvrag verify` re-checks this against a from-scratch run), its K/V are
+extracted, and the state is verified by the canary: the canary question's logits after grafting
+the stored bytes must equal its logits after the fresh prefill, SHA-256 for SHA-256. Only then is
+the manifest (fingerprints, digests, the deposit receipt) signed and written, after the payload.
+A chain therefore costs one prefill per state, not one per ancestor.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from kvrag.acceptance import Restored
+from kvrag.artifact import DepositReceipt, StateManifest, decode_payload, encode_payload, sha256_hex
+from kvrag.digests import CHUNK_BYTES, chunk_digests
+from kvrag.errors import VerificationError
+from kvrag.fingerprints import HardwareFingerprint
+from kvrag.layers import StatePart, extract, graft
+from kvrag.runner import ModelRunner, logits_sha256
+from kvrag.schedule import Planner, Segment
+from kvrag.signing import sign_manifest
+from kvrag.stores import StateStore
+
+__all__ = ["CANARY_QUESTION", "Depositor"]
+
+#: The fixed probe run after every deposit: its logits after the graft must equal a fresh run's.
+CANARY_QUESTION = "Which words of the text above matter most?"
+
+
+class Depositor:
+    def __init__(self, runner: ModelRunner, planner: Planner, store: StateStore,
+                 hardware: Callable[[], HardwareFingerprint], signing_key: bytes | None) -> None:
+        self.runner = runner
+        self.planner = planner
+        self.store = store
+        self.hardware = hardware
+        self.signing_key = signing_key
+
+    def canary_ids(self) -> list[int]:
+        return self.planner.layout.question_ids(CANARY_QUESTION)
+
+    def deposit(self, segment: Segment, ancestors: Sequence[StatePart]) -> Restored:
+        """Compute, verify and store `segment`'s state after `ancestors` (its chain, root first, checked).
+
+        Returns the state as grafted in the verification, ready to be the next deposit's ancestor.
+        Raises `VerificationError` (nothing stored) when the grafted state does not reproduce it.
+        """
+        runner = self.runner
+        began = time.perf_counter()
+        canary = self.canary_ids()
+        self.planner.check_length(segment.end + len(canary))
+
+        fresh = runner.new_cache()
+        graft(runner.codecs, fresh, ancestors, runner.device)
+        runner.forward(segment.ids, fresh)
+        layers, tensors = extract(runner.codecs, fresh, segment.start, segment.end)
+        fresh_sha = logits_sha256(runner.forward(canary, fresh))
+        compute_ms = (time.perf_counter() - began) * 1e3
+
+        payload = encode_payload(tensors)
+        del tensors, fresh
+        unverified = StateManifest(
+            key=segment.key,
+            parent_key=segment.parent_key,
+            model_fingerprint=runner.model.fingerprint,
+            hardware_fingerprint=self.hardware(),
+            token_ids=segment.ids,
+            text_sha256=sha256_hex(segment.text.encode()),
+            start=segment.start,
+            token_count=len(segment.ids),
+            layers=layers,
+            payload_sha256=sha256_hex(payload),
+            payload_bytes=len(payload),
+            payload_chunk_bytes=CHUNK_BYTES,
+            payload_chunks=chunk_digests(payload, CHUNK_BYTES),
+            deposit=DepositReceipt(canary_token_ids=canary, canary_logits_sha256="", fresh_logits_sha256=fresh_sha,
+                                   verified=False, compute_ms=compute_ms),
+        )
+        # Graft check: the ancestors plus this state's bytes, round-tripped, must reproduce it.
+        part = StatePart(segment.start, segment.end, layers, decode_payload(payload, unverified))
+        grafted = runner.new_cache()
+        graft(runner.codecs, grafted, [*ancestors, part], runner.device)
+        graft_sha = logits_sha256(runner.forward(canary, grafted))
+        if graft_sha != fresh_sha:
+            raise VerificationError(
+                f"state {segment.key[:12]} did not reproduce a fresh computation (canary logits "
+                f"{graft_sha[:12]} != {fresh_sha[:12]}); nothing was stored. Check that the model "
+                "runs deterministically on this device"
+            )
+        deposit = unverified.deposit.model_copy(update={"canary_logits_sha256": graft_sha, "verified": True})
+        manifest = unverified.model_copy(update={"deposit": deposit})
+        if self.signing_key is not None:
+            manifest = sign_manifest(manifest, self.signing_key)
+        self.store.put(segment.key, manifest.to_json_bytes(), payload)
+        return Restored(manifest, part)

@@ -1,0 +1,47 @@
+"""Restoring states: a store's checked read (tier by tier, see `kvrag.stores`) with this engine's
+acceptance checks, for one state or for the chain that ends at one."""
+
+from __future__ import annotations
+
+from kvrag.acceptance import Restored, StateAcceptance
+from kvrag.errors import StoreError
+from kvrag.prefill import Graft
+from kvrag.schedule import Segment
+from kvrag.stores import Found, StateStore
+
+__all__ = ["Restorer"]
+
+
+class Restorer:
+    def __init__(self, store: StateStore, acceptance: StateAcceptance) -> None:
+        self.store = store
+        self.acceptance = acceptance
+
+    def fetch(self, key: str, expect: Segment | None = None) -> Found[Restored]:
+        """The first copy of `key` that passes every check; raises the `StateError` saying why none did."""
+        return self.store.fetch(key, self.acceptance.expecting(key, expect))
+
+    def graft(self, segment: Segment) -> Graft:
+        """`segment`'s state as a part to graft, with notes on the tiers that could not serve it."""
+        found = self.fetch(segment.key, segment)
+        return Graft(found.value.part, found.tier, found.notes)
+
+    def chain(self, key: str | None) -> list[Restored]:
+        """The chain ending at `key`, root first, each state checked as for a graft."""
+        chain: list[Restored] = []
+        while key is not None:
+            restored = self.fetch(key).value
+            chain.append(restored)
+            key = restored.manifest.parent_key
+        chain.reverse()
+        return chain
+
+    def has(self, key: str) -> bool:
+        """Whether some tier holds a manifest for `key` (cheap: the payload is not read)."""
+        for tier in self.store.tiers:
+            try:
+                if tier.read_manifest(key) is not None:
+                    return True
+            except StoreError:
+                continue
+        return False
