@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvrag-installed
 
-.PHONY: setup demo test verify bench clean
+.PHONY: setup demo test test-unit verify bench clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,10 @@ demo: setup
 test: setup
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# The fast subset: tiny models, memory and disk stores, no servers (seconds).
+test-unit: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/unit
 
 verify: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kvrag verify --model smollm2-135m --samples 50

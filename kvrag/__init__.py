@@ -9,7 +9,7 @@
 """
 
 from kvrag.artifact import StateManifest
-from kvrag.engine import Generation, KVEngine, StateRef
+from kvrag.engine import Continuation, Generation, GenerationStream, KVEngine, Segment, StateRef
 from kvrag.errors import (
     ContextTooLongError,
     EmptyTextError,
@@ -18,6 +18,7 @@ from kvrag.errors import (
     IntegrityError,
     KVRagError,
     ModelError,
+    SignatureError,
     StateError,
     StateNotFoundError,
     StoreError,
@@ -27,7 +28,7 @@ from kvrag.errors import (
 from kvrag.fingerprints import HardwareFingerprint, ModelFingerprint, hardware_fingerprint
 from kvrag.models import LoadedModel, load_model
 from kvrag.receipt import Receipt, StateUse, Timings
-from kvrag.stores import DiskStore, MemoryStore, RedisStore, StateStore, TieredStore, open_store
+from kvrag.stores import BlobStore, DiskStore, MemoryStore, RedisStore, StateStore, TieredStore, open_store
 from kvrag.verify import VerifyReport, verify_model
 
 __version__ = "0.1.0"
@@ -37,7 +38,10 @@ __all__ = [
     "LoadedModel",
     "KVEngine",
     "StateRef",
+    "Segment",
+    "Continuation",
     "Generation",
+    "GenerationStream",
     "Receipt",
     "StateUse",
     "Timings",
@@ -47,6 +51,7 @@ __all__ = [
     "hardware_fingerprint",
     "open_store",
     "StateStore",
+    "BlobStore",
     "DiskStore",
     "MemoryStore",
     "RedisStore",
@@ -61,6 +66,7 @@ __all__ = [
     "StateError",
     "StateNotFoundError",
     "IntegrityError",
+    "SignatureError",
     "ForeignStateError",
     "VerificationError",
     "StoreError",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
@@ -12,6 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvrag.errors import KVRagError
+
+if TYPE_CHECKING:
+    from kvrag.engine import KVEngine
 
 app = typer.Typer(
     help="kvrag: deposit a model's KV states once, graft them byte-exact, fall back to text.",
@@ -21,6 +24,20 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 out = Console()
+
+
+MODEL = typer.Option("smollm2-135m", "--model", help="smollm2-135m, tiny-random-<family>, a folder or a HF id")
+DTYPE = typer.Option("float32", "--dtype", help="float32 or bfloat16 (states are only found by the same dtype)")
+ATTN = typer.Option("sdpa", "--attn", help="sdpa or eager (part of the model fingerprint)")
+STORE = typer.Option(None, "--store", help="store URL, e.g. disk://./states or redis://127.0.0.1:6379/0,disk://./states "
+                     "(default: disk store in the user cache)")
+
+
+def _engine(model: str, store: Optional[str], dtype: str, attn: str) -> "KVEngine":
+    """The one place the CLI builds an engine."""
+    from kvrag.engine import KVEngine
+
+    return KVEngine.open(model, store, dtype=dtype, attn=attn)
 
 
 def _fail(e: Exception) -> None:
@@ -37,9 +54,9 @@ def _progress() -> Progress:
 
 @app.command(epilog="Example: kvrag verify --model tiny-random-gemma3 --dtype bfloat16 --attn eager --samples 50 --json")
 def verify(
-    model: str = typer.Option("smollm2-135m", help="smollm2-135m, tiny-random-<family>, a folder or a HF id"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
-    attn: str = typer.Option("sdpa", help="sdpa or eager"),
+    model: str = MODEL,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
     samples: int = typer.Option(50, min=1, help="(document, question) pairs from the bundled text"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
 ) -> None:
@@ -73,16 +90,18 @@ def verify(
 
 @app.command(epilog="Example: kvrag demo --questions 4")
 def demo(
-    model: str = typer.Option("smollm2-135m", help="model to run"),
-    store: Optional[str] = typer.Option(None, help="store URL (default: disk store in the user cache)"),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
     questions: int = typer.Option(6, min=1, help="how many bundled questions to ask"),
 ) -> None:
     """Deposit the bundled documents, then answer questions by graft and by text, side by side."""
     from kvrag.demo import run_demo
 
     try:
-        with err.status("starting") as status:
-            rows = run_demo(model_name=model, store=store, questions=questions, on_step=lambda m: status.update(m))
+        with err.status(f"loading {model}") as status:
+            rows = run_demo(_engine(model, store, dtype, attn), questions=questions, on_step=lambda m: status.update(m))
     except KVRagError as e:
         _fail(e)
     table = Table(title=f"kvrag demo: {model}, graft vs text re-prefill of the same tokens", show_lines=True)
@@ -108,21 +127,20 @@ def demo(
 @app.command(epilog="Example: kvrag deposit notes.txt --model tiny-random-llama --store disk://./states")
 def deposit(
     files: list[str] = typer.Argument(..., help="text files; '-' reads standard input"),
-    model: str = typer.Option("smollm2-135m"),
-    store: Optional[str] = typer.Option(None, help="store URL"),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
     chain: bool = typer.Option(False, help="deposit the files as one chain, in order"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Deposit documents as verified states and print their refs."""
-    from kvrag.engine import KVEngine
-    from kvrag.models import load_model
-
     try:
         texts = [sys.stdin.read() if f == "-" else open(f, encoding="utf-8").read() for f in files]
     except OSError as e:
         _fail(KVRagError(f"cannot read input: {e}"))
     try:
-        engine = KVEngine(load_model(model), store)
+        engine = _engine(model, store, dtype, attn)
         refs = engine.deposit_chain(texts) if chain else [engine.deposit(t) for t in texts]
     except KVRagError as e:
         _fail(e)
@@ -137,21 +155,20 @@ def deposit(
 def ask(
     question: str = typer.Argument(...),
     doc: list[str] = typer.Option([], "--doc", help="document files, in prompt order"),
-    model: str = typer.Option("smollm2-135m"),
-    store: Optional[str] = typer.Option(None, help="store URL"),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
     max_new_tokens: int = typer.Option(64, min=1),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Answer a question after the given documents, grafting their stored states where possible."""
-    from kvrag.engine import KVEngine
-    from kvrag.models import load_model
-
     try:
         texts = [open(f, encoding="utf-8").read() for f in doc]
     except OSError as e:
         _fail(KVRagError(f"cannot read document: {e}"))
     try:
-        engine = KVEngine(load_model(model), store)
+        engine = _engine(model, store, dtype, attn)
         generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens)
     except KVRagError as e:
         _fail(e)
@@ -166,7 +183,7 @@ def ask(
 
 @app.command("ls", epilog="Example: kvrag ls --store redis://127.0.0.1:6379/0,disk://./states --json")
 def ls_states(
-    store: Optional[str] = typer.Option(None, help="store URL (default: disk store in the user cache)"),
+    store: Optional[str] = STORE,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """List the states in a store, tier by tier."""
@@ -193,7 +210,7 @@ def ls_states(
 @app.command(epilog="Example: kvrag inspect 3f2a...e9 --store disk://./states --json")
 def inspect(
     key: str = typer.Argument(..., help="a state key (64 hex characters)"),
-    store: Optional[str] = typer.Option(None, help="store URL"),
+    store: Optional[str] = STORE,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Show a state's manifest in each tier and check its payload there."""
@@ -220,11 +237,11 @@ def inspect(
 
 @app.command(epilog="Example: kvrag gc --store redis://127.0.0.1:6379/0 --other-models --model smollm2-135m --dry-run")
 def gc(
-    store: Optional[str] = typer.Option(None, help="store URL"),
+    store: Optional[str] = STORE,
     other_models: bool = typer.Option(False, "--other-models", help="also drop states of other model fingerprints"),
-    model: str = typer.Option("smollm2-135m", help="the model whose states to keep, with --other-models"),
-    dtype: str = typer.Option("float32"),
-    attn: str = typer.Option("sdpa"),
+    model: str = MODEL,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
     dry_run: bool = typer.Option(False, "--dry-run", help="report, delete nothing"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -235,9 +252,7 @@ def gc(
     try:
         keep = None
         if other_models:
-            from kvrag.models import load_model
-
-            keep = load_model(model, dtype=dtype, attn=attn).fingerprint.digest
+            keep = _engine(model, store, dtype, attn).fingerprint
         report = collect_garbage(open_store(store), keep_fingerprint=keep, dry_run=dry_run)
     except KVRagError as e:
         _fail(e)
@@ -253,8 +268,10 @@ def gc(
 def ab(
     docs: Optional[str] = typer.Option(None, help='DOCS.jsonl, lines {"id", "title", "text"} (default: the bundled sample set)'),
     questions: Optional[str] = typer.Option(None, help='QUESTIONS.jsonl, lines {"id", "question", "answers": [...]} (+ "doc_id", "recurring")'),
-    model: str = typer.Option("smollm2-135m"),
-    store: Optional[str] = typer.Option(None, help="store URL, e.g. redis://127.0.0.1:6379/0,disk://./states"),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
     k: int = typer.Option(1, min=1, help="documents retrieved per question"),
     max_new_tokens: int = typer.Option(32, min=1),
     json_path: Optional[str] = typer.Option(None, "--json", help="write the summary and rows to this file"),
@@ -262,15 +279,13 @@ def ab(
 ) -> None:
     """Compare text RAG and KV RAG on the same retrieval, prompt and decoding."""
     from kvrag.ab import load_jsonl, run_ab, write_report
-    from kvrag.engine import KVEngine
-    from kvrag.models import load_model
     from kvrag.samples import sample_paths
 
     default_docs, default_questions = sample_paths()
     try:
         doc_rows = load_jsonl(docs or default_docs, ["id", "title", "text"])
         question_rows = load_jsonl(questions or default_questions, ["id", "question", "answers"])
-        engine = KVEngine(load_model(model), store)
+        engine = _engine(model, store, dtype, attn)
         with _progress() as bar:
             task = bar.add_task("A/B", total=len(question_rows))
             summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_new_tokens,
@@ -305,20 +320,20 @@ app.add_typer(library_app, name="library")
 @library_app.command("add", epilog="Example: kvrag library add problems.jsonl --verifier mypkg.checks:is_correct")
 def library_add(
     file: str = typer.Argument(..., help='JSONL lines {"id", "problem", "solution", "answer"}'),
-    model: str = typer.Option("smollm2-135m"),
-    store: Optional[str] = typer.Option(None),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
     verifier: Optional[str] = typer.Option(None, help="module:function(problem, solution, answer) -> bool (default: the solution ends in its answer)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Verify solutions and deposit the verified ones as states (and memo entries)."""
     from kvrag.ab import load_jsonl
-    from kvrag.engine import KVEngine
     from kvrag.library import Library
-    from kvrag.models import load_model
 
     try:
         items = load_jsonl(file, ["id", "problem", "solution", "answer"])
-        library = Library(KVEngine(load_model(model), store))
+        library = Library(_engine(model, store, dtype, attn))
         with _progress() as bar:
             task = bar.add_task("library add", total=len(items))
             result = library.add(items, verifier, progress=lambda done: bar.update(task, completed=done))
@@ -334,18 +349,18 @@ def library_add(
 @library_app.command("solve", epilog="Example: kvrag library solve 'A baker makes 12 loaves an hour for 7 hours. How many loaves?'")
 def library_solve(
     problem: str = typer.Argument(...),
-    model: str = typer.Option("smollm2-135m"),
-    store: Optional[str] = typer.Option(None),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
     k: int = typer.Option(2, min=1, help="closest verified solutions to graft for a new problem"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Answer a problem: a recurring one from its memo entry, a new one with the closest solutions grafted."""
-    from kvrag.engine import KVEngine
     from kvrag.library import Library
-    from kvrag.models import load_model
 
     try:
-        generation, used = Library(KVEngine(load_model(model), store)).solve(problem, k=k)
+        generation, used = Library(_engine(model, store, dtype, attn)).solve(problem, k=k)
     except KVRagError as e:
         _fail(e)
     if as_json:

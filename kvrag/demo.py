@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvrag.engine import Generation, KVEngine
-from kvrag.models import load_model
 from kvrag.samples import sample_docs, sample_questions
-from kvrag.stores import StateStore, open_store
 
 __all__ = ["DemoRow", "run_demo"]
 
@@ -25,16 +23,13 @@ class DemoRow:
 
 
 def run_demo(
+    engine: KVEngine,
     *,
-    model_name: str = "smollm2-135m",
-    store: StateStore | str | None = None,
     questions: int = 6,
     max_new_tokens: int = 24,
     on_step: Callable[[str], None] | None = None,
 ) -> list[DemoRow]:
     step = on_step or (lambda _msg: None)
-    step(f"loading {model_name}")
-    engine = KVEngine(load_model(model_name), store if isinstance(store, StateStore) else open_store(store))
     docs = {d.id: d for d in sample_docs()}
     asked = sample_questions()[:questions]
     refs = {}

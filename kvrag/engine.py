@@ -14,7 +14,9 @@ The model is only ever called through `kvrag.runner.ModelRunner`.
 from __future__ import annotations
 
 import logging
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
+
+from typing_extensions import TypedDict, Unpack
 
 from kvrag.acceptance import Restored, StateAcceptance
 from kvrag.continuation import Continuation, Continuer
@@ -24,7 +26,7 @@ from kvrag.errors import InputError, StateError, StoreError
 from kvrag.fingerprints import HardwareFingerprint, hardware_fingerprint
 from kvrag.layers import StatePart
 from kvrag.memo import Memo
-from kvrag.models import LoadedModel
+from kvrag.models import LoadedModel, load_model
 from kvrag.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
 from kvrag.restore import Restorer
 from kvrag.runner import ModelRunner, logits_sha256
@@ -36,6 +38,18 @@ log = logging.getLogger("kvrag")
 
 __all__ = ["KVEngine", "StateRef", "Segment", "Continuation", "Generation", "GenerationStream", "CANARY_QUESTION",
            "logits_sha256"]
+
+
+class AskOptions(TypedDict, total=False):
+    """The options of `KVEngine.stream` and `KVEngine.generate` (see `stream`)."""
+
+    states: Sequence[StateRef | str] | None
+    max_new_tokens: int
+    stop: Sequence[str] | None
+    graft: bool
+    approximate: bool
+    deposit_missing: bool
+    memo: bool
 
 
 class KVEngine:
@@ -67,6 +81,14 @@ class KVEngine:
         self.depositor = Depositor(self.runner, self.planner, self.store, self.hardware, self.signing_key)
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware)
         self.memo = Memo(self)
+
+    @classmethod
+    def open(cls, model: str | LoadedModel = "smollm2-135m", store: StateStore | str | None = None, *,
+             dtype: str | None = None, attn: str | None = None, **kwargs: Any) -> "KVEngine":
+        """An engine for a model name (loaded with `dtype` and `attn`) and a store URL: how the CLI
+        and the framework adapters build one."""
+        loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, attn=attn)
+        return cls(loaded, store, **kwargs)
 
     @property
     def fingerprint(self) -> str:
@@ -146,21 +168,9 @@ class KVEngine:
         return restored.part
 
     # -------------------------------------------------------------- generate
-    def generate(
-        self,
-        query: str,
-        *,
-        states: Sequence[StateRef | str] | None = None,
-        max_new_tokens: int = 64,
-        stop: Sequence[str] | None = None,
-        graft: bool = True,
-        approximate: bool = False,
-        deposit_missing: bool = False,
-        memo: bool = True,
-    ) -> Generation:
-        """Answer `query` after the documents in `states`; see `stream` for the same, token by token."""
-        return self.stream(query, states=states, max_new_tokens=max_new_tokens, stop=stop, graft=graft,
-                           approximate=approximate, deposit_missing=deposit_missing, memo=memo).result()
+    def generate(self, query: str, **options: Unpack[AskOptions]) -> Generation:
+        """Answer `query` after the documents in `states`; see `stream` for the options."""
+        return self.stream(query, **options).result()
 
     def stream(
         self,

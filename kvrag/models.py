@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +32,7 @@ EMBEDDED_MODELS = (SMOLLM2, *(f"tiny-random-{family}" for family in TINY_FAMILIE
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ATTNS = ("sdpa", "eager")
+_LOADING = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -98,13 +100,16 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
         family = name.removeprefix("tiny-random-")
         hf_model = build_tiny_model(family, dtype=torch_dtype, attn=attn)
         return LoadedModel(name, hf_model, build_byte_tokenizer(), torch_dtype, attn, _state_dict_sha256(hf_model))
-    if name == SMOLLM2:
-        folder = smollm2_folder()
-    elif Path(name).expanduser().is_dir():
-        folder = Path(name).expanduser().resolve()
-    else:
-        folder = None
-    return _load_pretrained(name, folder, torch_dtype, attn)
+    # transformers' loading (empty weights on the meta device, then filled) is not thread-safe:
+    # two threads loading at once can leave meta tensors behind. One load at a time.
+    with _LOADING:
+        if name == SMOLLM2:
+            folder = smollm2_folder()
+        elif Path(name).expanduser().is_dir():
+            folder = Path(name).expanduser().resolve()
+        else:
+            folder = None
+        return _load_pretrained(name, folder, torch_dtype, attn)
 
 
 def _load_pretrained(name: str, folder: Path | None, dtype: torch.dtype, attn: str) -> LoadedModel:

@@ -12,15 +12,12 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
-from kvrag import Generation, KVEngine, load_model
-from langchain_kvrag.retrievers import STATE_KEY
+from kvrag import Generation, KVEngine
+from kvrag.frameworks import RECEIPT_KEY, STATE_KEY, states_for
 
 __all__ = ["ChatKVRAG"]
-
-_ENGINES: dict[tuple[str, str | None, str | None, str | None], KVEngine] = {}
-_ENGINES_LOCK = threading.Lock()
 
 
 def _split(messages: list[BaseMessage]) -> tuple[list[tuple[str, str]], str]:
@@ -70,6 +67,8 @@ class ChatKVRAG(BaseChatModel):
     max_retries: int = 0
     deposit_missing: bool = True
     graft: bool = True  # False: re-read every document as text, same tokens and segments (plain text RAG)
+    _opened: KVEngine | None = PrivateAttr(default=None)
+    _opening: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @property
     def _llm_type(self) -> str:
@@ -78,11 +77,10 @@ class ChatKVRAG(BaseChatModel):
     def _engine(self) -> KVEngine:
         if self.engine is not None:
             return self.engine
-        key = (self.model_name, self.dtype, self.attn, self.store)
-        with _ENGINES_LOCK:
-            if key not in _ENGINES:
-                _ENGINES[key] = KVEngine(load_model(self.model_name, dtype=self.dtype, attn=self.attn), self.store)
-            return _ENGINES[key]
+        with self._opening:  # built once, on first use (never in the constructor), even under `batch`
+            if self._opened is None:
+                self._opened = KVEngine.open(self.model_name, self.store, dtype=self.dtype, attn=self.attn)
+        return self._opened
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -94,7 +92,7 @@ class ChatKVRAG(BaseChatModel):
         engine = self._engine()
         return engine.stream(
             question or " ",
-            states=[engine.resolve(text, key) for text, key in documents],
+            states=states_for(engine, documents),
             max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
             stop=stop if stop is not None else self.stop,
             graft=self.graft,
@@ -114,7 +112,7 @@ class ChatKVRAG(BaseChatModel):
             "model_name": self._engine().model.name,
             "model_provider": "kvrag",
             "finish_reason": generation.finish_reason,
-            "kvrag_receipt": receipt.model_dump(mode="json"),
+            RECEIPT_KEY: receipt.model_dump(mode="json"),
         }
         return usage, metadata
 

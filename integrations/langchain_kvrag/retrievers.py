@@ -10,12 +10,9 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, PrivateAttr
 
 from kvrag import KVEngine
-from kvrag.index import IndexedDoc, LexicalIndex
+from kvrag.frameworks import STATE_KEY, Retrieved, StateRetrieval
 
 __all__ = ["KVRetriever", "STATE_KEY"]
-
-#: Metadata key holding a document's state key (a JSON-safe hex string, never a live object).
-STATE_KEY = "kvrag_state_key"
 
 
 class KVRetriever(BaseRetriever):
@@ -29,26 +26,24 @@ class KVRetriever(BaseRetriever):
     retriever: BaseRetriever | None = None
     documents: list[Document] | None = None
     k: int = 4
-    _index: LexicalIndex | None = PrivateAttr(default=None)
+    _states: StateRetrieval | None = PrivateAttr(default=None)
 
-    def _search(self, query: str, k: int, run_manager: CallbackManagerForRetrieverRun) -> list[tuple[Document, float | None]]:
-        if self.retriever is not None:
-            found = self.retriever.invoke(query, config={"callbacks": run_manager.get_child()})
-            return [(d, None) for d in found[:k]]
-        if self.documents is None:
-            raise ValueError("KVRetriever needs a retriever to wrap or documents to search")
-        if self._index is None:
-            self._index = LexicalIndex([IndexedDoc(d.page_content, dict(d.metadata), d.id) for d in self.documents])
-        return [(Document(page_content=d.text, metadata=dict(d.metadata), id=d.id), score) for d, score in self._index.search(query, k)]
+    def _retrieval(self) -> StateRetrieval:
+        if self._states is None:
+            corpus = None if self.documents is None else [Retrieved(d.page_content, dict(d.metadata), d.id) for d in self.documents]
+            self._states = StateRetrieval(self.engine, corpus)
+        return self._states
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None, **kwargs: Any
     ) -> list[Document]:
-        results = []
-        for doc, score in self._search(query, self.k if k is None else k, run_manager):
-            ref = self.engine.ensure(doc.page_content)
-            metadata = {**doc.metadata, STATE_KEY: ref.key, "kvrag_model_fingerprint": ref.model_fingerprint}
-            if score is not None:
-                metadata["score"] = score
-            results.append(Document(page_content=doc.page_content, metadata=metadata, id=doc.id or ref.key))
-        return results
+        k = self.k if k is None else k
+        if self.retriever is not None:
+            found = self.retriever.invoke(query, config={"callbacks": run_manager.get_child()})[:k]
+            candidates = [Retrieved(d.page_content, dict(d.metadata), d.id) for d in found]
+        else:
+            candidates = self._retrieval().search(query, k)
+        return [
+            Document(page_content=r.text, metadata={**r.metadata, **({"score": r.score} if r.score is not None else {})}, id=r.id)
+            for r in self._retrieval().stamp(candidates)
+        ]

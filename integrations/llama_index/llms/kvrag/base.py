@@ -16,7 +16,8 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from pydantic import ConfigDict, Field
 
 from kvrag import KVEngine, StateRef
-from llama_index.retrievers.kvrag import STATE_KEY, KVRetriever
+from kvrag.frameworks import RECEIPT_KEY, STATE_KEY, states_for
+from llama_index.retrievers.kvrag import KVRetriever
 
 __all__ = ["KVRagLLM", "KVSynthesizer", "KVQueryEngine"]
 
@@ -40,7 +41,7 @@ class KVRagLLM(CustomLLM):
         )
 
     def _receipt_kwargs(self, stream: Any) -> dict[str, Any]:
-        return {"kvrag_receipt": stream.generation.receipt.model_dump(mode="json")}
+        return {RECEIPT_KEY: stream.generation.receipt.model_dump(mode="json")}
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -62,7 +63,7 @@ class KVRagLLM(CustomLLM):
 
 
 def _states(engine: KVEngine, nodes: Sequence[NodeWithScore]) -> list[StateRef | str]:
-    return [engine.resolve(n.node.get_content(MetadataMode.NONE), str(n.node.metadata.get(STATE_KEY, ""))) for n in nodes]
+    return states_for(engine, [(n.node.get_content(MetadataMode.NONE), n.node.metadata.get(STATE_KEY)) for n in nodes])
 
 
 class KVSynthesizer(BaseSynthesizer):
@@ -97,11 +98,11 @@ class KVSynthesizer(BaseSynthesizer):
         if self._streaming:
             def gen() -> Generator[str, None, None]:
                 yield from stream
-                metadata["kvrag_receipt"] = stream.generation.receipt.model_dump(mode="json")
+                metadata[RECEIPT_KEY] = stream.generation.receipt.model_dump(mode="json")
 
             return StreamingResponse(response_gen=gen(), source_nodes=sources, metadata=metadata)
         generation = stream.result()
-        metadata["kvrag_receipt"] = generation.receipt.model_dump(mode="json")
+        metadata[RECEIPT_KEY] = generation.receipt.model_dump(mode="json")
         return Response(response=generation.text, source_nodes=sources, metadata=metadata)
 
     async def asynthesize(self, query: Any, nodes: list[NodeWithScore], additional_source_nodes: Sequence[NodeWithScore] | None = None, **kwargs: Any) -> Any:
@@ -116,7 +117,7 @@ class KVSynthesizer(BaseSynthesizer):
             iterator = iter(stream)
             while (delta := await asyncio.to_thread(next, iterator, done)) is not done:
                 yield delta  # type: ignore[misc]
-            metadata["kvrag_receipt"] = stream.generation.receipt.model_dump(mode="json")
+            metadata[RECEIPT_KEY] = stream.generation.receipt.model_dump(mode="json")
 
         return AsyncStreamingResponse(response_gen=agen(), source_nodes=list(nodes) + list(additional_source_nodes or []), metadata=metadata)
 

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from typing import Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
 
 from kvrag import KVEngine
-from kvrag.index import IndexedDoc, LexicalIndex
+from kvrag.frameworks import STATE_KEY, STATE_METADATA_KEYS, Retrieved, StateRetrieval
 
 __all__ = ["KVRetriever", "STATE_KEY"]
-
-#: Metadata key holding a node's state key (a JSON-safe hex string); hidden from the LLM and embeddings.
-STATE_KEY = "kvrag_state_key"
 
 
 class KVRetriever(BaseRetriever):
     """Wraps a LlamaIndex retriever (or searches `nodes` with kvrag's small lexical index); each
-    node is deposited on first sight and returned with its state key in metadata."""
+    node is deposited on first sight and returned with its state key in metadata (hidden from the
+    LLM and the embeddings)."""
 
     def __init__(
         self,
@@ -33,12 +31,9 @@ class KVRetriever(BaseRetriever):
     ) -> None:
         if retriever is None and nodes is None:
             raise ValueError("KVRetriever needs a retriever to wrap or nodes to search")
-        self._engine = engine
         self._retriever = retriever
-        self._nodes = list(nodes or [])
-        self._index = None if retriever is not None else LexicalIndex(
-            [IndexedDoc(n.get_content(MetadataMode.NONE), dict(n.metadata), n.node_id) for n in self._nodes]
-        )
+        corpus = None if nodes is None else [_retrieved(n) for n in nodes]
+        self._states = StateRetrieval(engine, corpus)
         self._top_k = similarity_top_k
         super().__init__(callback_manager=callback_manager)
 
@@ -56,28 +51,26 @@ class KVRetriever(BaseRetriever):
             nodes = [*(nodes or []), *(TextNode(text=t) for t in texts)]
         return cls(engine, retriever=retriever, nodes=nodes, similarity_top_k=similarity_top_k)
 
-    def _candidates(self, query_bundle: QueryBundle) -> list[tuple[str, dict[str, Any], str | None, float | None]]:
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if self._retriever is not None:
             found = self._retriever.retrieve(query_bundle)[: self._top_k]
-            return [(n.node.get_content(MetadataMode.NONE), dict(n.node.metadata), n.node.node_id, n.score) for n in found]
-        assert self._index is not None
-        return [(d.text, dict(d.metadata), d.id, score) for d, score in self._index.search(query_bundle.query_str, self._top_k)]
-
-    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        results = []
-        for text, metadata, node_id, score in self._candidates(query_bundle):
-            ref = self._engine.ensure(text)
-            hidden = [STATE_KEY, "kvrag_model_fingerprint"]
-            node = TextNode(
-                id_=node_id or ref.key,
-                text=text,
-                metadata={**metadata, STATE_KEY: ref.key, "kvrag_model_fingerprint": ref.model_fingerprint},
-                excluded_llm_metadata_keys=hidden,
-                excluded_embed_metadata_keys=hidden,
+            candidates = [_retrieved(n.node, n.score) for n in found]
+        else:
+            candidates = self._states.search(query_bundle.query_str, self._top_k)
+        hidden = list(STATE_METADATA_KEYS)
+        return [
+            NodeWithScore(
+                node=TextNode(id_=r.id, text=r.text, metadata=r.metadata,
+                              excluded_llm_metadata_keys=hidden, excluded_embed_metadata_keys=hidden),
+                score=r.score,
             )
-            results.append(NodeWithScore(node=node, score=score))
-        return results
+            for r in self._states.stamp(candidates)
+        ]
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         # Deposits run the model: off the event loop, on a worker thread.
         return await asyncio.to_thread(self._retrieve, query_bundle)
+
+
+def _retrieved(node: BaseNode, score: float | None = None) -> Retrieved:
+    return Retrieved(node.get_content(MetadataMode.NONE), dict(node.metadata), node.node_id, score)

@@ -7,7 +7,7 @@ import pytest
 from kvrag import KVEngine, MemoryStore
 from kvrag.artifact import parse_manifest
 
-from .conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, tiny
+from ..conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, tiny
 
 
 def _engine(family, dtype="float32", attn="sdpa"):
@@ -172,16 +172,3 @@ def test_receipt_reports_timings_and_counts(llama_engine):
 def test_generation_without_documents(llama_engine):
     generation = llama_engine.generate(QUESTION, max_new_tokens=3)
     assert generation.receipt.mode == "text-prefill" and generation.receipt.states == []
-
-
-def test_streaming_yields_the_same_text_and_stop_strings_cut_it(llama_engine):
-    ref = llama_engine.deposit(DOC_A)
-    whole = llama_engine.generate(QUESTION, states=[ref], max_new_tokens=12)
-    stream = llama_engine.stream(QUESTION, states=[ref], max_new_tokens=12)
-    deltas = list(stream)
-    assert "".join(deltas).strip() == whole.text == stream.generation.text
-    assert stream.generation.receipt.first_token_logits_sha256 == whole.receipt.first_token_logits_sha256
-    if len(whole.text) > 4:
-        stop = whole.text[2:4]
-        cut = llama_engine.generate(QUESTION, states=[ref], max_new_tokens=12, stop=[stop])
-        assert cut.text == whole.text[: whole.text.find(stop)].strip() and cut.finish_reason == "stop"

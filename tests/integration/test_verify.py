@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from kvrag.cli import app
 from kvrag.verify import verify_model
 
-from .conftest import ATTNS, DTYPES, FAMILIES, tiny
+from ..conftest import ATTNS, DTYPES, FAMILIES, tiny
 
 
 @pytest.mark.parametrize("attn", ATTNS)

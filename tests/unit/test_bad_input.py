@@ -8,13 +8,14 @@ from kvrag import (
     ContextTooLongError,
     EmptyTextError,
     ForeignStateError,
+    InputError,
     IntegrityError,
     KVEngine,
     MemoryStore,
     StateNotFoundError,
 )
 
-from .conftest import DOC_A, DOC_B, QUESTION, tiny
+from ..conftest import DOC_A, DOC_B, QUESTION, tiny
 
 
 def _stored(engine):
@@ -48,13 +49,17 @@ def test_a_state_from_another_model():
         ours.restore(foreign)
     assert _stored(ours) == []
 
-    # The same bytes planted in our store under our key: refused by fingerprint, answered by fallback.
+    # Their state planted in our store under our key, its manifest saying so: the model
+    # fingerprint refuses it, and the text answers.
     ours_ref = ours.ref(DOC_A)
-    ours.store.put(ours_ref.key, theirs.store.read_manifest(foreign.key), theirs.store.read(foreign.key).payload)
-    with pytest.raises((ForeignStateError, IntegrityError)):
+    planted = json.loads(theirs.store.read_manifest(foreign.key))
+    planted["key"] = ours_ref.key
+    ours.store.put(ours_ref.key, json.dumps(planted).encode(), theirs.store.read(foreign.key).payload)
+    with pytest.raises(ForeignStateError, match="another model"):
         ours.restore(ours_ref)
     generation = ours.generate(QUESTION, states=[ours_ref], max_new_tokens=2)
-    assert generation.receipt.mode == "text-prefill"
+    assert generation.receipt.mode == "text-prefill" and generation.receipt.states[0].reason == "foreign"
+    assert "another model" in generation.receipt.states[0].detail
 
 
 def test_a_manifest_whose_payload_hash_does_not_match(llama_engine):
@@ -86,5 +91,5 @@ def test_an_unverified_state_is_never_grafted(llama_engine):
 
 
 def test_bad_max_new_tokens(llama_engine):
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError, match="max_new_tokens"):
         llama_engine.generate(QUESTION, max_new_tokens=0)

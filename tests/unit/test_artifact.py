@@ -11,7 +11,7 @@ from kvrag import IntegrityError, KVEngine, MemoryStore
 from kvrag.artifact import decode_payload, encode_payload, parse_manifest, state_key
 from kvrag.digests import chunk_digests
 
-from .conftest import DOC_A, tiny
+from ..conftest import DOC_A, tiny
 
 _ENGINE = KVEngine(tiny("gemma3"), MemoryStore())
 _REF = _ENGINE.deposit(DOC_A)

@@ -39,14 +39,18 @@ def test_the_cache_serves_a_chat_model(tmp_path):
 
     from langchain_kvrag import ChatKVRAG
 
-    from .conftest import tiny
+    from ..conftest import tiny
 
     set_llm_cache(KVCache(f"disk://{tmp_path}"))
     try:
         llm = ChatKVRAG(engine=KVEngine(tiny("llama"), MemoryStore()), max_tokens=4)
         first = llm.invoke("Hello")
         second = llm.invoke("Hello")
+        # A hit returns the stored generation: the receipt of the first run, timings to the last bit.
         assert second.content == first.content
-        assert list(KVCache(f"disk://{tmp_path}").store.blob_names("lc-cache"))
+        assert second.response_metadata["kvrag_receipt"] == first.response_metadata["kvrag_receipt"]
+        other = llm.invoke("Hello there")  # a miss runs the model: a receipt of its own
+        assert other.response_metadata["kvrag_receipt"]["timings"] != first.response_metadata["kvrag_receipt"]["timings"]
+        assert len(list(KVCache(f"disk://{tmp_path}").store.blob_names("lc-cache"))) == 2
     finally:
         set_llm_cache(None)

@@ -8,7 +8,7 @@ import threading
 from kvrag import KVEngine, MemoryStore, open_store
 from kvrag.artifact import decode_payload, parse_manifest
 
-from .conftest import DOC_A, DOC_B, QUESTION, tiny
+from ..conftest import DOC_A, DOC_B, QUESTION, tiny
 
 
 def _deposit(url: str, text: str, barrier, results) -> None:

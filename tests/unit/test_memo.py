@@ -9,7 +9,7 @@ import pytest
 from kvrag import InputError, KVEngine, MemoryStore
 from kvrag.memo import MemoEntry, Provenance, canonical_query
 
-from .conftest import DOC_A, DOC_B, QUESTION, tiny
+from ..conftest import DOC_A, DOC_B, QUESTION, tiny
 
 GOLD = Provenance(kind="gold", by="test")
 
@@ -71,14 +71,3 @@ def test_near_matches_are_suggestions_never_answers(engine):
     assert engine.generate(near, states=[DOC_A], max_new_tokens=4).receipt.mode == "exact-graft"
     suggestions = engine.memo.suggestions(near)
     assert suggestions and suggestions[0][0].query == QUESTION and 0 < suggestions[0][1] < 1
-
-
-@pytest.mark.slow
-def test_memo_on_the_real_model(smollm2):
-    engine = KVEngine(smollm2, MemoryStore())
-    doc = "The lighthouse at Varrow Point was built in 1871 by the engineer Mara Quill."
-    first = engine.generate("Who built the lighthouse?", states=[doc], max_new_tokens=40)
-    engine.memo.memoize("Who built the lighthouse?", first, states=[doc], provenance=Provenance(kind="checker", by="contains 'Quill'"))
-    again = engine.stream("who built the lighthouse", states=[doc], max_new_tokens=40)
-    assert "".join(again).strip() == first.text
-    assert again.generation.receipt.mode == "memo" and again.generation.receipt.decode_tokens <= 8

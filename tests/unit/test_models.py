@@ -1,14 +1,12 @@
-import json
 
 import pytest
 import torch
 
 from kvrag import ModelError, load_model
 from kvrag.models import _state_dict_sha256
-from kvrag.paths import kvrag_home
 from kvrag.tiny import TINY_FAMILIES
 
-from .conftest import tiny
+from ..conftest import tiny
 
 # The same name gives the same weight bytes on every machine (NumPy PCG64 streams, not torch's RNG).
 PINNED_WEIGHTS = {
@@ -58,20 +56,6 @@ def test_unknown_models_are_typed_errors(tmp_path):
         load_model("tiny-random-nonesuch")
     with pytest.raises(ModelError):
         load_model(str(tmp_path))  # an empty folder
-
-
-@pytest.mark.slow
-def test_smollm2_loads_offline_from_a_converted_folder(smollm2):
-    assert smollm2.config.model_type == "llama"
-    assert smollm2.config.num_hidden_layers == 30
-    assert not hasattr(smollm2.config, "quantization_config")
-    folder = next((kvrag_home() / "models").glob("smollm2-135m-*"))
-    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
-    assert smollm2.tokenizer.chat_template
-    # The weight digest is cached by (path, size, mtime), so it is not recomputed on each load.
-    cache = json.loads((kvrag_home() / "weight-digests.json").read_text())
-    assert any(str(folder) in key for key in cache)
-    assert load_model("smollm2-135m").weights_sha256 == smollm2.weights_sha256
 
 
 def test_state_dict_digest_sees_every_byte():

@@ -14,7 +14,7 @@ from kvrag.samples import sample_docs
 from llama_index.llms.kvrag import KVQueryEngine, KVRagLLM, KVSynthesizer
 from llama_index.retrievers.kvrag import STATE_KEY, KVRetriever
 
-from .conftest import load_example, tiny
+from ..conftest import load_example, tiny
 
 QUESTION = "Who built the lighthouse at Varrow Point?"
 
@@ -86,10 +86,28 @@ def test_inside_retriever_query_engine_sync_async_and_streaming(tiny_engine, nod
 def test_a_plain_llm_swap_cannot_graft_and_says_so(tiny_engine, nodes):
     from llama_index.core import get_response_synthesizer
 
-    retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=1)
-    llm = KVRagLLM(engine=tiny_engine, max_new_tokens=4)
-    engine = RetrieverQueryEngine(retriever=retriever, response_synthesizer=get_response_synthesizer(llm=llm))
-    assert engine.query(QUESTION).response is not None  # it answers; only KVSynthesizer hands over states
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+    from llama_index.core.instrumentation.events.llm import LLMCompletionEndEvent
+
+    receipts = []
+
+    class Receipts(BaseEventHandler):
+        def handle(self, event, **kwargs):
+            if isinstance(event, LLMCompletionEndEvent):
+                receipts.append(event.response.additional_kwargs["kvrag_receipt"])
+
+    handler = Receipts()
+    get_dispatcher().add_event_handler(handler)
+    try:
+        retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=1)
+        llm = KVRagLLM(engine=tiny_engine, max_new_tokens=4)
+        engine = RetrieverQueryEngine(retriever=retriever, response_synthesizer=get_response_synthesizer(llm=llm))
+        engine.query(QUESTION)
+    finally:
+        get_dispatcher().event_handlers.remove(handler)
+    # It answers, and its receipt says nothing was grafted: a formatted prompt string carries no states.
+    assert receipts and all(r["mode"] == "text-prefill" and r["states"] == [] for r in receipts)
 
 
 @pytest.mark.slow

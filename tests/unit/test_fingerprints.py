@@ -2,7 +2,7 @@ import torch
 
 from kvrag import HardwareFingerprint, ModelFingerprint, hardware_fingerprint, load_model
 
-from .conftest import tiny
+from ..conftest import tiny
 
 
 def test_model_fingerprint_covers_numeric_settings():

@@ -4,7 +4,7 @@ import pytest
 
 from kvrag import DiskStore, KVEngine, MemoryStore, StoreError, open_store
 
-from .conftest import DOC_A, QUESTION, tiny
+from ..conftest import DOC_A, QUESTION, tiny
 
 KEY = "ab" + "0" * 62
 
@@ -64,24 +64,3 @@ def test_a_damaged_state_file_is_refused(tmp_path):
     path.write_bytes(b"garbage")
     receipt = engine.generate(QUESTION, states=[ref], max_new_tokens=2).receipt
     assert receipt.mode == "text-prefill" and receipt.states[0].reason == "integrity"
-
-
-@pytest.mark.parametrize("kind", ["memory", "disk", "redis", "tiered"])
-def test_blobs_get_set_delete_list_and_expire(kind, tmp_path, redis_server):
-    import time
-
-    urls = {"memory": "memory://", "disk": f"disk://{tmp_path}", "redis": redis_server.url,
-            "tiered": f"{redis_server.url},disk://{tmp_path}"}
-    store = open_store(urls[kind])
-    name, other = "memo/" + "a" * 64, "memo/" + "b" * 64
-    assert store.get_blob(name) is None
-    store.put_blob(name, b"one")
-    store.put_blob(other, b"two", ttl=1)
-    assert store.get_blob(name) == b"one" and sorted(store.blob_names("memo")) == sorted([name, other])
-    assert list(store.blob_names("cache")) == []
-    time.sleep(1.2)
-    assert store.get_blob(other) is None and list(store.blob_names("memo")) == [name]
-    store.delete_blob(name)
-    assert store.get_blob(name) is None
-    with pytest.raises(StoreError):
-        store.get_blob("../../etc/passwd")

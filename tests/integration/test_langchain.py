@@ -12,7 +12,7 @@ from kvrag import KVEngine, MemoryStore, load_model
 from kvrag.samples import sample_docs
 from langchain_kvrag import STATE_KEY, ChatKVRAG, KVRetriever, create_kv_rag_chain, state_blocks
 
-from .conftest import load_example
+from ..conftest import load_example
 
 pytestmark = pytest.mark.slow
 

@@ -3,35 +3,38 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from typer.testing import CliRunner
 
 from kvrag import InputError, KVEngine, MemoryStore
-from kvrag.ab import load_jsonl, run_ab, write_report
+from kvrag.ab import ABSummary, load_jsonl, run_ab, write_report
 from kvrag.cli import app
 from kvrag.library import Library, ends_with_answer, load_verifier
 from kvrag.samples import sample_docs
 
-from .conftest import tiny
+from ..conftest import tiny
 
 DOCS = [{"id": d.id, "title": d.title, "text": d.text[:300]} for d in sample_docs()[:4]]
-# The tiny model answers in replacement characters: a gold answer of one makes a hit we control.
+# Real gold answers for the real model: "a" is answered right; "b"'s gold is one no answer contains.
 QUESTIONS = [
-    {"id": "a", "question": "Who built the lighthouse?", "answers": ["\ufffd"]},
-    {"id": "b", "question": "Who chairs the Kelpfield council?", "answers": ["never said"]},
-    {"id": "a2", "question": "who built the LIGHTHOUSE", "answers": ["\ufffd"], "recurring": True},
-    {"id": "b2", "question": "who chairs the kelpfield council", "answers": ["never said"], "recurring": True},
+    {"id": "a", "question": "Who built the lighthouse at Varrow Point?", "answers": ["Mara Quill"]},
+    {"id": "b", "question": "When was the Kelpfield Cooperative founded?", "answers": ["no such year"]},
+    {"id": "a2", "question": "who built the LIGHTHOUSE at varrow point", "answers": ["Mara Quill"], "recurring": True},
+    {"id": "b2", "question": "when was the kelpfield cooperative founded", "answers": ["no such year"], "recurring": True},
 ]
 
 
-def test_ab_arms_agree_and_only_verified_answers_are_memoized(tmp_path):
-    engine = KVEngine(tiny("llama"), MemoryStore())
-    summary = run_ab(engine, DOCS, QUESTIONS, k=2, max_new_tokens=12)
+@pytest.mark.slow
+def test_ab_arms_agree_and_only_verified_answers_are_memoized(tmp_path, smollm2):
+    engine = KVEngine(smollm2, MemoryStore())
+    summary = run_ab(engine, DOCS, QUESTIONS, k=2, max_new_tokens=20)
     rows = {r.id: r for r in summary.rows}
     assert summary.n == 4 and summary.exact_rows == 3
     assert summary.answer_agreement == 1.0 and summary.logits_byte_exact_rate == 1.0
-    assert summary.accuracy_text == summary.accuracy_kv
+    assert rows["a"].kv_hit and "Mara Quill" in rows["a"].kv_answer and not rows["b"].kv_hit
+    assert summary.accuracy_text == summary.accuracy_kv == 0.5
     assert rows["a"].memoized and not rows["b"].memoized  # a wrong answer is never memoized
     assert rows["a2"].kv_mode == "memo" and rows["a2"].decode_tokens_kv <= 8 and rows["a2"].kv_answer == rows["a"].kv_answer
     assert rows["b2"].kv_mode != "memo"
@@ -40,10 +43,12 @@ def test_ab_arms_agree_and_only_verified_answers_are_memoized(tmp_path):
     report = write_report(summary, tmp_path / "report")
     assert report.exists() and {p.name for p in (tmp_path / "report").glob("*.png")} == {
         "ttft_by_length.png", "prefill_tokens.png", "agreement.png"}
-    for field in ("n", "accuracy_text", "accuracy_kv", "answer_agreement", "logits_byte_exact_rate", "ttft_text_ms_median",
-                  "ttft_kv_ms_median", "ttft_ratio_median", "prefill_tokens_text", "prefill_tokens_kv", "decode_tokens_text",
-                  "decode_tokens_kv", "memo_hits", "answer_agreement_monolithic", "rows"):
-        assert field in json.loads(summary.model_dump_json())
+    # The summary's figures are the rows' figures, and they survive a JSON round trip into the report.
+    assert summary.prefill_tokens_kv == sum(r.prefill_tokens_kv for r in summary.rows)
+    assert summary.ttft_ratio_median == statistics.median(r.ttft_text_ms / r.ttft_kv_ms for r in summary.rows)
+    assert ABSummary.model_validate_json(summary.model_dump_json()) == summary
+    text = report.read_text()
+    assert f"{summary.ttft_ratio_median:.1f}x" in text and rows["a"].kv_answer.split()[0] in text
 
 
 def test_ab_cli_writes_json_and_report(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from kvrag import KVEngine, MemoryStore
 from kvrag.samples import long_document
 
-from .conftest import DOC_A, QUESTION, tiny
+from ..conftest import DOC_A, QUESTION, tiny
 
 
 def _node_index(cluster, store, key):

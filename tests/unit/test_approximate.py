@@ -6,7 +6,7 @@ import torch
 from kvrag import KVEngine, MemoryStore
 from kvrag import approximate as approx
 
-from .conftest import DOC_A, DOC_B, QUESTION, tiny
+from ..conftest import DOC_A, DOC_B, QUESTION, tiny
 
 
 def _kl(reference: torch.Tensor, candidate: torch.Tensor) -> float:

@@ -1,0 +1,47 @@
+import json
+
+from typer.testing import CliRunner
+
+from kvrag.cli import app
+
+from ..conftest import DOC_A
+
+runner = CliRunner()
+
+
+def test_help_shows_examples():
+    commands = [["verify"], ["demo"], ["deposit"], ["ask"], ["ab"], ["ls"], ["inspect"], ["gc"], ["library"],
+                ["library", "add"], ["library", "solve"]]
+    for command in commands:
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0 and "Example: kvrag" in result.stdout, command
+
+
+def test_user_errors_print_one_line_without_a_traceback():
+    result = runner.invoke(app, ["verify", "--model", "tiny-random-nonesuch", "--samples", "1"])
+    assert result.exit_code == 2
+    assert "error:" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["verify", "--model", "tiny-random-llama", "--dtype", "float8"])
+    assert result.exit_code == 2 and "float8" in result.output
+
+
+def test_deposit_then_ask_grafts(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC_A)
+    store = f"disk://{tmp_path / 'states'}"
+    common = ["--model", "tiny-random-llama", "--store", store]
+    deposited = runner.invoke(app, ["deposit", str(doc), *common, "--json"])
+    assert deposited.exit_code == 0, deposited.output
+    key = json.loads(deposited.stdout)[0]["key"]
+    asked = runner.invoke(app, ["ask", "Who built it?", "--doc", str(doc), *common, "--json", "--max-new-tokens", "3"])
+    assert asked.exit_code == 0, asked.output
+    receipt = json.loads(asked.stdout)["receipt"]
+    assert receipt["mode"] == "exact-graft" and receipt["states"][0]["key"] == key
+
+
+def test_deposit_of_an_empty_file_fails_cleanly(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    result = runner.invoke(app, ["deposit", str(empty), "--model", "tiny-random-llama", "--store", f"disk://{tmp_path}"])
+    assert result.exit_code == 2 and "empty" in result.output
+    assert not (tmp_path / "states").exists()

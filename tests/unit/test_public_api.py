@@ -1,0 +1,41 @@
+"""The public API is pinned: every exported name is kvrag's own object, under its own name."""
+
+import inspect
+
+import kvrag
+from kvrag import errors
+
+EXPECTED = {
+    "load_model", "LoadedModel", "KVEngine", "StateRef", "Segment", "Continuation", "Generation", "GenerationStream",
+    "Receipt", "StateUse", "Timings", "StateManifest", "ModelFingerprint", "HardwareFingerprint", "hardware_fingerprint",
+    "open_store", "StateStore", "BlobStore", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "verify_model",
+    "VerifyReport", "KVRagError", "InputError", "EmptyTextError", "ContextTooLongError", "ModelError", "StateError",
+    "StateNotFoundError", "IntegrityError", "SignatureError", "ForeignStateError", "VerificationError", "StoreError",
+    "StoreUnavailableError",
+}
+
+
+def test_public_api_is_pinned():
+    assert set(kvrag.__all__) == EXPECTED
+
+
+def test_every_exported_name_is_a_kvrag_class_or_function_of_that_name():
+    for name in kvrag.__all__:
+        obj = getattr(kvrag, name)
+        assert inspect.isclass(obj) or inspect.isfunction(obj), name
+        assert obj.__name__ == name and obj.__module__.startswith("kvrag."), (name, obj.__module__)
+
+
+def test_every_error_is_exported_from_errors_and_shares_one_root():
+    exported = {n for n in kvrag.__all__ if inspect.isclass(getattr(kvrag, n)) and issubclass(getattr(kvrag, n), Exception)}
+    assert exported == set(errors.__all__)
+    for name in exported:
+        assert getattr(kvrag, name) is getattr(errors, name) and issubclass(getattr(errors, name), kvrag.KVRagError)
+
+
+def test_state_errors_name_a_documented_receipt_reason():
+    from kvrag.receipt import REASONS
+
+    state_errors = [getattr(errors, n) for n in errors.__all__ if issubclass(getattr(errors, n), errors.StateError)]
+    assert {e.reason for e in state_errors} <= set(REASONS)
+    assert not issubclass(errors.VerificationError, errors.StateError)  # nothing falls back from a failed deposit
