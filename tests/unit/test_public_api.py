@@ -39,3 +39,14 @@ def test_state_errors_name_a_documented_receipt_reason():
     state_errors = [getattr(errors, n) for n in errors.__all__ if issubclass(getattr(errors, n), errors.StateError)]
     assert {e.reason for e in state_errors} <= set(REASONS)
     assert not issubclass(errors.VerificationError, errors.StateError)  # nothing falls back from a failed deposit
+
+
+def test_the_readme_lists_exactly_the_receipt_reasons():
+    import pathlib
+    import re
+
+    from kvrag.receipt import REASONS
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    listed = readme.split("(closed set, `kvrag.receipt.REASONS`):", 1)[1].split(", with a detail", 1)[0]
+    assert re.findall(r"`([a-z-]+)`", listed) == list(REASONS)
