@@ -1,9 +1,10 @@
 """State acceptance: every check a stored state must pass before it may be grafted.
 
 In order, before any payload byte is read: the manifest parses, is for the key asked for, is
-signed (when a signing key is set), was made by this model on this hardware, its key is the
-content address of its own tokens and parent, it sits at the position and after the chain it is
-needed at, it was verified at deposit, and each layer's entry fits its codec. Then the payload:
+signed with this engine's key (unsigned only where the reader opted in), was made by this model on
+this hardware, its token ids are in the model's vocabulary, its key is the content address of its
+own tokens and parent, it sits at the position and after the chain it is needed at, it was
+verified at deposit, and each layer's entry fits its codec. Then the payload:
 its chunk digests and every tensor header against the manifest. A failed check raises the
 `StateError` whose `reason` the receipt will name.
 """
@@ -13,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from kvrag.artifact import StateManifest, decode_payload, parse_manifest, state_key
+from kvrag.artifact import StateManifest, decode_payload, parse_manifest
 from kvrag.errors import ForeignStateError, IntegrityError
 from kvrag.fingerprints import HardwareFingerprint, ModelFingerprint
 from kvrag.layers import LayerCodec, StatePart
 from kvrag.schedule import Segment
 from kvrag.signing import check_signature
+from kvrag.stores import StateStore
 
 __all__ = ["Restored", "StateAcceptance"]
 
@@ -35,21 +37,26 @@ class StateAcceptance:
     """The checks for one model on one machine, with one signing key (or none)."""
 
     def __init__(self, model: ModelFingerprint, hardware: Callable[[], HardwareFingerprint],
-                 codecs: Sequence[LayerCodec], signing_key: bytes | None) -> None:
+                 codecs: Sequence[LayerCodec], signing_key: bytes, key_of: Callable[[str | None, Sequence[int]], str],
+                 vocabulary: int, *, allow_unsigned: bool = False) -> None:
         self.model = model
         self.hardware = hardware
         self.codecs = list(codecs)
         self.signing_key = signing_key
+        self.key_of = key_of
+        self.vocabulary = vocabulary
+        self.allow_unsigned = allow_unsigned
 
     def expecting(self, key: str, segment: Segment | None = None) -> "_Check":
         """The check for the state under `key`, needed as `segment` (or anywhere, for ancestors)."""
         return _Check(self, key, segment)
 
-    def manifest(self, key: str, raw: bytes, expect: Segment | None) -> StateManifest:
+    def manifest(self, key: str, raw: bytes, expect: Segment | None, store: StateStore | None = None) -> StateManifest:
         manifest = parse_manifest(raw)
         if manifest.key != key:
             raise IntegrityError(f"state {key[:12]}: manifest is for another key ({manifest.key[:12]})")
-        check_signature(manifest, self.signing_key)
+        allow = self.allow_unsigned or bool(store is not None and store.allow_unsigned)
+        check_signature(manifest, self.signing_key, allow_unsigned=allow, where=store.url if store else "")
         if not manifest.model_fingerprint.matches(self.model):
             raise ForeignStateError(
                 f"state {key[:12]} was made by another model ({manifest.model_fingerprint.name}, "
@@ -62,7 +69,9 @@ class StateAcceptance:
                 f"({manifest.hardware_fingerprint.device_name}, {manifest.hardware_fingerprint.cpu_capability}, "
                 f"{manifest.hardware_fingerprint.num_threads} threads); it cannot graft exactly here"
             )
-        if state_key(self.model.digest, manifest.parent_key, manifest.token_ids) != key:
+        if any(t >= self.vocabulary for t in manifest.token_ids):
+            raise IntegrityError(f"state {key[:12]} holds token ids outside the model's vocabulary of {self.vocabulary}")
+        if self.key_of(manifest.parent_key, manifest.token_ids) != key:
             raise IntegrityError(f"state {key[:12]}: key does not match its tokens and parent")
         if expect is not None and (
             manifest.parent_key != expect.parent_key or manifest.start != expect.start or manifest.token_ids != expect.ids
@@ -94,8 +103,8 @@ class _Check:
     key: str
     expect: Segment | None
 
-    def manifest(self, raw: bytes) -> StateManifest:
-        return self.acceptance.manifest(self.key, raw, self.expect)
+    def manifest(self, raw: bytes, store: StateStore) -> StateManifest:
+        return self.acceptance.manifest(self.key, raw, self.expect, store)
 
     def payload(self, manifest: StateManifest, payload: Any) -> Restored:
         return self.acceptance.payload(manifest, payload)

@@ -15,7 +15,7 @@ import json
 import struct
 import warnings
 from datetime import datetime, timezone
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,6 +40,8 @@ FORMAT = "kvrag.state/1"
 MAX_HEADER_BYTES = 16 << 20
 MAX_LAYERS = 1024
 MAX_TOKENS = 1 << 22
+#: Token ids fit in 31 bits (every vocabulary does); the model's own vocabulary bounds them further.
+TokenId = Annotated[int, Field(ge=0, lt=1 << 31)]
 
 _DTYPES: dict[str, torch.dtype] = {
     "F32": torch.float32,
@@ -54,12 +56,15 @@ def sha256_hex(data: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def state_key(model_fingerprint: str, parent_key: str | None, token_ids: list[int]) -> str:
-    """Content address of a state: the same tokens after the same chain on the same model."""
+def state_key(scope: str, parent_key: str | None, token_ids: list[int]) -> str:
+    """Content address of a state: the same tokens after the same chain in the same scope (model
+    fingerprint, hardware, namespace and signing key; see `kvrag.schedule.key_scope`)."""
     digest = hashlib.sha256()
     digest.update(b"kvrag-state-key\x00")
-    digest.update(model_fingerprint.encode())
+    digest.update(scope.encode())
     digest.update(b"\x00" + (parent_key or "root").encode() + b"\x00")
+    if any(not 0 <= t < 1 << 63 for t in token_ids):
+        raise IntegrityError("token ids must be non-negative 64-bit integers")
     digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return digest.hexdigest()
 
@@ -87,7 +92,7 @@ class DepositReceipt(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    canary_token_ids: list[int]
+    canary_token_ids: list[TokenId] = Field(max_length=4096)
     canary_logits_sha256: str
     fresh_logits_sha256: str
     verified: bool
@@ -105,7 +110,7 @@ class StateManifest(BaseModel):
     parent_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     model_fingerprint: ModelFingerprint
     hardware_fingerprint: HardwareFingerprint
-    token_ids: list[int] = Field(max_length=MAX_TOKENS)
+    token_ids: list[TokenId] = Field(max_length=MAX_TOKENS)
     text_sha256: str
     start: int = Field(ge=0, le=MAX_TOKENS)
     token_count: int = Field(ge=1, le=MAX_TOKENS)
@@ -129,7 +134,7 @@ def parse_manifest(data: bytes | str) -> StateManifest:
     """Parse and validate manifest bytes; anything malformed is an `IntegrityError`."""
     try:
         manifest = StateManifest.model_validate_json(data)
-    except (ValidationError, ValueError, UnicodeDecodeError) as e:
+    except (ValidationError, ValueError, UnicodeDecodeError, RecursionError) as e:
         raise IntegrityError(f"state manifest is malformed: {str(e).splitlines()[0]}") from e
     if len(manifest.token_ids) != manifest.token_count:
         raise IntegrityError("state manifest is malformed: token_ids and token_count disagree")
@@ -204,9 +209,14 @@ def _read_header(view: memoryview) -> tuple[dict[str, dict[str, Any]], int]:
     (header_len,) = struct.unpack("<Q", view[:8])
     if header_len > MAX_HEADER_BYTES or 8 + header_len > len(view):
         raise IntegrityError(f"payload header claims {header_len} bytes; refusing to read it")
+    raw = bytes(view[8 : 8 + header_len])
+    # A genuine header nests three deep and opens about three brackets per tensor: bounding the
+    # brackets bounds the nesting before the parser recurses into it.
+    if raw.count(b"[") + raw.count(b"{") > 8 * MAX_LAYERS + 64:
+        raise IntegrityError("payload header opens more brackets than any state's header; refusing to parse it")
     try:
-        header = json.loads(bytes(view[8 : 8 + header_len]))
-    except (ValueError, UnicodeDecodeError) as e:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise IntegrityError(f"payload header is not valid JSON: {e}") from e
     if not isinstance(header, dict):
         raise IntegrityError("payload header is not a JSON object")

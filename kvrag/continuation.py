@@ -23,6 +23,7 @@ from kvrag.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.restore import Restorer
 from kvrag.runner import ModelRunner, logits_sha256
 from kvrag.schedule import Segment, StateRef
+from kvrag.stores.deadline import Deadline
 
 __all__ = ["Continuation", "Continuer"]
 
@@ -47,6 +48,7 @@ class Continuation:
     approximate: bool = False
     known: Sequence[int] = ()
     memo: bool = False
+    deadline: Deadline | None = None  # for every store read (default: the engine's, from the start)
 
     @property
     def prompt_tokens(self) -> int:
@@ -57,17 +59,19 @@ class Continuer:
     """Runs continuations for one model, store and layout."""
 
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout,
-                 hardware: Callable[[], HardwareFingerprint]) -> None:
+                 hardware: Callable[[], HardwareFingerprint], deadline_s: float) -> None:
         self.runner = runner
         self.restorer = restorer
         self.layout = layout
         self.hardware = hardware
+        self.deadline_s = deadline_s
 
     def stream(self, continuation: Continuation) -> GenerationStream:
         return GenerationStream(self._steps(continuation))
 
     def _context(self, run: Prefill, c: Continuation) -> list[StateUse]:
         uses: list[StateUse] = []
+        deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
         for index, segment in enumerate(c.context):
             req = c.requested[index] if c.requested else None
             moved = isinstance(req, StateRef) and req.key != segment.key
@@ -78,7 +82,7 @@ class Continuer:
                 uses.append(StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation"))
                 continue
             try:
-                grafted = run.graft(lambda: self.restorer.graft(segment))
+                grafted = run.graft(lambda: self.restorer.graft(segment, deadline))
                 uses.append(StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes))
                 continue
             except StateError as e:
@@ -95,7 +99,8 @@ class Continuer:
                     try:
                         doc_ids = self.layout.document_ids(segment.text)
                         grafted = run.graft(lambda: moved_graft(self.runner.model.hf_model, self.runner.codecs,
-                                                                self.restorer.fetch(req.key), doc_ids, segment))
+                                                                self.restorer.fetch(req.key, None, deadline), doc_ids,
+                                                                segment))
                         uses.append(StateUse(**{**span, "requested_key": req.key}, source="approximate",
                                              tier=grafted.tier, reason=reason, detail=detail))
                         continue

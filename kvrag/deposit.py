@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from kvrag.acceptance import Restored
 from kvrag.artifact import DepositReceipt, StateManifest, decode_payload, encode_payload, sha256_hex
-from kvrag.digests import CHUNK_BYTES, chunk_digests
+from kvrag.digests import chunk_digests
 from kvrag.errors import VerificationError
 from kvrag.fingerprints import HardwareFingerprint
 from kvrag.layers import StatePart, extract, graft
@@ -32,7 +32,7 @@ CANARY_QUESTION = "Which words of the text above matter most?"
 
 class Depositor:
     def __init__(self, runner: ModelRunner, planner: Planner, store: StateStore,
-                 hardware: Callable[[], HardwareFingerprint], signing_key: bytes | None) -> None:
+                 hardware: Callable[[], HardwareFingerprint], signing_key: bytes) -> None:
         self.runner = runner
         self.planner = planner
         self.store = store
@@ -74,8 +74,8 @@ class Depositor:
             layers=layers,
             payload_sha256=sha256_hex(payload),
             payload_bytes=len(payload),
-            payload_chunk_bytes=CHUNK_BYTES,
-            payload_chunks=chunk_digests(payload, CHUNK_BYTES),
+            payload_chunk_bytes=self.store.chunk_bytes,
+            payload_chunks=chunk_digests(payload, self.store.chunk_bytes),
             deposit=DepositReceipt(canary_token_ids=canary, canary_logits_sha256="", fresh_logits_sha256=fresh_sha,
                                    verified=False, compute_ms=compute_ms),
         )
@@ -92,7 +92,6 @@ class Depositor:
             )
         deposit = unverified.deposit.model_copy(update={"canary_logits_sha256": graft_sha, "verified": True})
         manifest = unverified.model_copy(update={"deposit": deposit})
-        if self.signing_key is not None:
-            manifest = sign_manifest(manifest, self.signing_key)
+        manifest = sign_manifest(manifest, self.signing_key)
         self.store.put(segment.key, manifest.to_json_bytes(), payload)
         return Restored(manifest, part)

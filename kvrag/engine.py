@@ -14,6 +14,7 @@ The model is only ever called through `kvrag.runner.ModelRunner`.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Iterator, Sequence
 
 from typing_extensions import TypedDict, Unpack
@@ -30,9 +31,11 @@ from kvrag.models import LoadedModel, load_model
 from kvrag.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
 from kvrag.restore import Restorer
 from kvrag.runner import ModelRunner, logits_sha256
-from kvrag.schedule import Planner, Segment, StateRef
-from kvrag.signing import signing_key_from_env
+from kvrag.schedule import Planner, Segment, StateRef, key_scope
+from kvrag.records import SealedRecords
+from kvrag.signing import resolve_signing_key
 from kvrag.stores import StateStore, open_store
+from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
 
 log = logging.getLogger("kvrag")
 
@@ -68,18 +71,33 @@ class KVEngine:
         *,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         signing_key: bytes | str | None = None,
+        allow_unsigned: bool = False,
+        namespace: str | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> None:
+        """`signing_key`: see `kvrag.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key);
+        `allow_unsigned`: also graft unsigned states (a warning is logged once); `namespace`: the
+        tenant (default: the store URL's `?namespace=`); `deadline_s`: the most one question
+        waits on store reads before the text answers."""
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
-        key = signing_key if signing_key is not None else signing_key_from_env()
-        self.signing_key: bytes | None = key.encode() if isinstance(key, str) else key
+        self.signing_key = resolve_signing_key(signing_key)
+        self.allow_unsigned = allow_unsigned
+        self.namespace = self.store.namespace if namespace is None else namespace
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", self.namespace):
+            raise InputError("a namespace holds at most 64 letters, digits and _ . -")
+        if not 0 < deadline_s <= 3600:
+            raise InputError("deadline_s must be more than 0 and at most 3600 seconds")
+        self.deadline_s = deadline_s
         self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt)
         self.runner = ModelRunner(model)
-        self.planner = Planner(self.layout, self.fingerprint, model.max_positions, model.name)
-        acceptance = StateAcceptance(model.fingerprint, self.hardware, self.runner.codecs, self.signing_key)
+        self.planner = Planner(self.layout, self.fingerprint, model.max_positions, model.name, self.scope)
+        acceptance = StateAcceptance(model.fingerprint, self.hardware, self.runner.codecs, self.signing_key,
+                                     self.planner.key, self.runner.vocabulary, allow_unsigned=allow_unsigned)
         self.restorer = Restorer(self.store, acceptance)
         self.depositor = Depositor(self.runner, self.planner, self.store, self.hardware, self.signing_key)
-        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware)
+        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware, deadline_s)
+        self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
         self.memo = Memo(self)
 
     @classmethod
@@ -96,6 +114,10 @@ class KVEngine:
 
     def hardware(self) -> HardwareFingerprint:
         return hardware_fingerprint(self.model.device)
+
+    def scope(self) -> str:
+        """What this engine's state and memo keys are scoped to (see `kvrag.schedule.key_scope`)."""
+        return key_scope(self.signing_key, self.fingerprint, self.hardware().digest, self.namespace)
 
     @property
     def tiers(self) -> list[StateStore]:
@@ -161,7 +183,7 @@ class KVEngine:
 
     def _deposited_part(self, segment: Segment, ancestors: Sequence[StatePart]) -> StatePart:
         try:
-            return self.restorer.fetch(segment.key, segment).value.part
+            return self.restorer.fetch(segment.key, segment, Deadline(self.deadline_s)).value.part
         except StateError:
             pass
         restored: Restored = self.depositor.deposit(segment, ancestors)
@@ -204,11 +226,13 @@ class KVEngine:
         segments = self.plan(texts)
         question = self.planner.question(query, segments)
         self.planner.check_length((segments[-1].end if segments else 0) + len(question))
+        deadline = Deadline(self.deadline_s)  # one for every store read of this question
         if memo and graft and not approximate and not stop:
-            recalled = self.memo.recall(query, segments, max_new_tokens)
+            recalled = self.memo.recall(query, segments, max_new_tokens, deadline)
             if recalled is not None:
                 return recalled
-        stream = self.run(Continuation(segments, question, max_new_tokens, stop or (), graft, requested, approximate))
+        stream = self.run(Continuation(segments, question, max_new_tokens, stop or (), graft, requested, approximate,
+                                       deadline=deadline))
         if deposit_missing and texts:
             return GenerationStream(self._then_deposit(stream, texts))
         return stream

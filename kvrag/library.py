@@ -73,8 +73,8 @@ class Library:
 
     def entries(self) -> list[LibraryEntry]:
         found = []
-        for name in self.engine.store.blob_names("library"):
-            raw = self.engine.store.get_blob(name)
+        for name in self.engine.records.names("library"):
+            raw = self.engine.records.get(name)  # sealed: a forged or edited entry is skipped
             if raw:
                 try:
                     found.append(LibraryEntry.model_validate_json(raw))
@@ -94,14 +94,14 @@ class Library:
             if not check(problem, solution, answer):
                 report.rejected.append(entry_id)
                 continue
-            if self.engine.store.get_blob(self._name(entry_id)):
+            if self.engine.records.get(self._name(entry_id)):
                 report.already.append(entry_id)
                 continue
             provenance = Provenance(kind="checker", by=verifier_name)
             ref = self.engine.ensure(solution_document(problem, solution))
             self.engine.memo.memoize_text(problem, solution, provenance=provenance, decode_suffix=answer)
             entry = LibraryEntry(id=entry_id, problem=problem, solution=solution, answer=answer, state_key=ref.key, provenance=provenance)
-            self.engine.store.put_blob(self._name(entry_id), entry.model_dump_json().encode())
+            self.engine.records.put(self._name(entry_id), entry.model_dump_json().encode())
             report.added.append(entry_id)
             if progress:
                 progress(number)

@@ -6,11 +6,17 @@ retrieved states) grafts the context and that state, feeds the next answer token
 what remains: a handful of decode tokens and no prefill beyond that one token. Only verified
 entries answer, and only after the memo state passes every check a state must pass; anything else
 is answered normally. Near-matches are suggestions, never answers.
+
+Entries are sealed records (see `kvrag.records`): a MAC over the whole entry and the slot it was
+written to. Before an entry answers, its own canonical query, model and context keys must
+recompute the slot it was read from, so an entry moved to another question's slot, edited, or
+forged without the key is answered normally.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import unicodedata
 from datetime import datetime, timezone
@@ -18,16 +24,21 @@ from typing import TYPE_CHECKING, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
+from kvrag.artifact import TokenId
 from kvrag.continuation import Continuation
 from kvrag.decoding import Generation, GenerationStream
-from kvrag.errors import InputError, KVRagError, StateError, VerificationError
+from kvrag.errors import InputError, KVRagError, VerificationError
 from kvrag.index import IndexedDoc, LexicalIndex
 from kvrag.schedule import Segment, StateRef
+from kvrag.stores import UNTRUSTED_PARSE_ERRORS
+from kvrag.stores.deadline import Deadline, bounded
 
 if TYPE_CHECKING:
     from kvrag.engine import KVEngine
 
 __all__ = ["canonical_query", "Provenance", "MemoEntry", "Memo", "MEMO_TAIL_TOKENS"]
+
+log = logging.getLogger("kvrag.memo")
 
 #: Answer tokens left out of a memo state and decoded at recall (plus the end token).
 MEMO_TAIL_TOKENS = 4
@@ -54,9 +65,9 @@ class MemoEntry(BaseModel):
     query: str
     canonical: str
     model_fingerprint: str
-    context_keys: list[str]
+    context_keys: list[str] = Field(max_length=4096)
     answer: str
-    answer_ids: list[int]
+    answer_ids: list[TokenId] = Field(max_length=1 << 16)
     state_key: str
     state_tokens: int
     tail: int = MEMO_TAIL_TOKENS  # answer tokens decoded at recall
@@ -65,8 +76,9 @@ class MemoEntry(BaseModel):
     provenance: Provenance | None = None
 
 
-def memo_key(model_fingerprint: str, canonical: str, context_keys: Sequence[str]) -> str:
-    digest = hashlib.sha256(b"kvrag-memo\x00" + model_fingerprint.encode() + b"\x00" + canonical.encode())
+def memo_key(scope: str, canonical: str, context_keys: Sequence[str]) -> str:
+    """The slot of a memo entry: its engine's key scope, canonical query and context state keys."""
+    digest = hashlib.sha256(b"kvrag-memo\x00" + scope.encode() + b"\x00" + canonical.encode())
     for key in context_keys:
         digest.update(b"\x00" + key.encode())
     return digest.hexdigest()
@@ -79,16 +91,31 @@ class Memo:
         self.engine = engine
 
     def _key(self, query: str, segments: Sequence[Segment]) -> str:
-        return memo_key(self.engine.fingerprint, canonical_query(query), [s.key for s in segments])
+        return memo_key(self.engine.scope(), canonical_query(query), [s.key for s in segments])
 
     def entry(self, query: str, states: Sequence["StateRef | str"] = ()) -> MemoEntry | None:
         return self._load(self._key(query, self.engine.plan(_texts(states))))
 
-    def _load(self, key: str) -> MemoEntry | None:
+    def _load(self, key: str, deadline: Deadline | None = None) -> MemoEntry | None:
+        """The authentic entry in slot `key`, or None (absent, unreadable, not sealed with this
+        engine's key for this slot, or not bound to this slot by its own fields)."""
         try:
-            raw = self.engine.store.get_blob(f"memo/{key}")
-            return MemoEntry.model_validate_json(raw) if raw else None
-        except (KVRagError, ValueError):
+            body = bounded(lambda: self.engine.records.get(f"memo/{key}"), deadline, "reading a memo entry")
+            if body is None:
+                return None
+            entry = MemoEntry.model_validate_json(body)
+            bound = (
+                entry.memo_key == key
+                and canonical_query(entry.query) == entry.canonical
+                and memo_key(self.engine.scope(), entry.canonical, entry.context_keys) == key
+                and entry.model_fingerprint == self.engine.fingerprint
+                and all(t < self.engine.runner.vocabulary for t in entry.answer_ids)
+            )
+            if not bound:
+                log.warning("refused memo entry %s: its fields do not recompute its slot", key[:12])
+            return entry if bound else None
+        except (KVRagError, *UNTRUSTED_PARSE_ERRORS) as e:
+            log.warning("memo entry %s unusable: %s", key[:12], str(e)[:200])
             return None
 
     def _segment(self, query: str, answer_ids: list[int], context: Sequence[Segment], tail: int) -> tuple[Segment, list[int]]:
@@ -180,12 +207,12 @@ class Memo:
             got = [t for t in recalled.tokens if t not in engine.layout.stop_ids]
             if got != answer_ids:
                 raise VerificationError("the memo state does not reproduce the verified answer; nothing memoized")
-        engine.store.put_blob(f"memo/{entry.memo_key}", entry.model_dump_json().encode())
+        engine.records.put(f"memo/{entry.memo_key}", entry.model_dump_json().encode())
         return entry
 
-    def find(self, query: str, segments: Sequence[Segment]) -> tuple[MemoEntry | None, str | None]:
+    def find(self, query: str, segments: Sequence[Segment], deadline: Deadline | None = None) -> tuple[MemoEntry | None, str | None]:
         """A usable entry for this query and context, or why there is none worth noting."""
-        entry = self._load(self._key(query, segments))
+        entry = self._load(self._key(query, segments), deadline)
         if entry is None:
             return None, None
         if not entry.verified or entry.provenance is None:
@@ -194,32 +221,35 @@ class Memo:
             return None, "memo entry is from another model; answered normally"
         return entry, None
 
-    def recall(self, query: str, segments: Sequence[Segment], max_new_tokens: int) -> GenerationStream | None:
+    def recall(self, query: str, segments: Sequence[Segment], max_new_tokens: int,
+               deadline: Deadline | None = None) -> GenerationStream | None:
         """The answer stream from a verified entry for this query and context, or None (the engine
         then answers normally) when there is none or its memo state fails its checks."""
-        entry, _ = self.find(query, segments)
+        deadline = deadline or Deadline(self.engine.deadline_s)
+        entry, _ = self.find(query, segments, deadline)
         if entry is None:
             return None
-        memo_segment, _ = self._segment(entry.query, entry.answer_ids, segments, entry.tail)
-        if memo_segment.key != entry.state_key:
-            return None
         try:
-            self.engine.restorer.fetch(memo_segment.key, memo_segment)
-        except StateError:
+            memo_segment, _ = self._segment(entry.query, entry.answer_ids, segments, entry.tail)
+            if memo_segment.key != entry.state_key or not entry.answer_ids:
+                return None
+            self.engine.restorer.fetch(memo_segment.key, memo_segment, deadline)
+        except (KVRagError, *UNTRUSTED_PARSE_ERRORS):
             return None
-        return self.engine.run(self._continuation(entry, segments, memo_segment, max_new_tokens))
+        return self.engine.run(self._continuation(entry, segments, memo_segment, max_new_tokens, deadline))
 
     @staticmethod
-    def _continuation(entry: MemoEntry, context: Sequence[Segment], memo_segment: Segment, max_new_tokens: int) -> Continuation:
+    def _continuation(entry: MemoEntry, context: Sequence[Segment], memo_segment: Segment, max_new_tokens: int,
+                      deadline: Deadline | None = None) -> Continuation:
         """Graft the context and the memo state, feed the next answer token, decode what remains of
         the verified answer (and its end token if it had one)."""
         known = entry.answer_ids[: len(entry.answer_ids) - entry.tail]
         limit = min(max_new_tokens, len(entry.answer_ids) - len(known) + int(entry.ended))
-        return Continuation([*context, memo_segment], [known[-1]], limit, known=known, memo=True)
+        return Continuation([*context, memo_segment], [known[-1]], limit, known=known, memo=True, deadline=deadline)
 
     def suggestions(self, query: str, k: int = 3) -> list[tuple[MemoEntry, float]]:
         """Stored entries whose queries look like `query`: for a person to look at, never an answer."""
-        entries = [e for name in self.engine.store.blob_names("memo") if (e := self._load(name.split("/", 1)[1]))]
+        entries = [e for name in self.engine.records.names("memo") if (e := self._load(name.split("/", 1)[1]))]
         entries = [e for e in entries if e.model_fingerprint == self.engine.fingerprint]
         if not entries:
             return []

@@ -8,6 +8,7 @@ from kvrag.errors import StoreError
 from kvrag.prefill import Graft
 from kvrag.schedule import Segment
 from kvrag.stores import Found, StateStore
+from kvrag.stores.deadline import Deadline
 
 __all__ = ["Restorer"]
 
@@ -17,13 +18,14 @@ class Restorer:
         self.store = store
         self.acceptance = acceptance
 
-    def fetch(self, key: str, expect: Segment | None = None) -> Found[Restored]:
-        """The first copy of `key` that passes every check; raises the `StateError` saying why none did."""
-        return self.store.fetch(key, self.acceptance.expecting(key, expect))
+    def fetch(self, key: str, expect: Segment | None = None, deadline: Deadline | None = None) -> Found[Restored]:
+        """The first copy of `key` that passes every check, read within `deadline`; raises the
+        `StateError` saying why none did."""
+        return self.store.fetch(key, self.acceptance.expecting(key, expect), deadline)
 
-    def graft(self, segment: Segment) -> Graft:
+    def graft(self, segment: Segment, deadline: Deadline | None = None) -> Graft:
         """`segment`'s state as a part to graft, with notes on the tiers that could not serve it."""
-        found = self.fetch(segment.key, segment)
+        found = self.fetch(segment.key, segment, deadline)
         return Graft(found.value.part, found.tier, found.notes)
 
     def chain(self, key: str | None) -> list[Restored]:
@@ -37,10 +39,11 @@ class Restorer:
         return chain
 
     def has(self, key: str) -> bool:
-        """Whether some tier holds a manifest for `key` (cheap: the payload is not read)."""
+        """Whether some tier holds `key` whole, manifest and every part of its payload (cheap:
+        nothing is hashed; a tier that fails to answer counts as not holding it)."""
         for tier in self.store.tiers:
             try:
-                if tier.read_manifest(key) is not None:
+                if tier.complete(key):
                     return True
             except StoreError:
                 continue

@@ -30,6 +30,8 @@ class ModelRunner:
         self.model = model
         self.codecs: list[LayerCodec] = codecs_for(model.hf_model)
         self._vocab = len(model.tokenizer)
+        #: token ids the model can read: rows of its input embedding
+        self.vocabulary = int(model.hf_model.get_input_embeddings().num_embeddings)
 
     @property
     def device(self) -> torch.device:

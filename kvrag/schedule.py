@@ -1,23 +1,34 @@
 """The schedule: which token ids are fed in which segment, and the content address of each.
 
 A prompt for k documents is fed as `[prefix + doc 1] [doc 2] ... [doc k] [question + suffix]`
-(see `kvrag.prompt`). Each context segment's key is the SHA-256 of (model fingerprint, parent
-key, token ids), so identical work maps to the identical key and a state is only ever found at
-its own position after its own chain.
+(see `kvrag.prompt`). Each context segment's key is the SHA-256 of (scope, parent key, token ids),
+so identical work maps to the identical key and a state is only ever found at its own position
+after its own chain. The scope is an HMAC, under the signing key, of the model fingerprint, the
+hardware fingerprint and the namespace: machines of other hardware never overwrite each other's
+states, and a tenant without the key cannot compute (so cannot probe) another's keys.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
 from kvrag.artifact import state_key
 from kvrag.errors import ContextTooLongError, ForeignStateError
 from kvrag.prompt import PromptLayout
+from kvrag.signing import mac
 
-__all__ = ["Segment", "StateRef", "Planner"]
+__all__ = ["Segment", "StateRef", "Planner", "key_scope", "MAX_CHARS_PER_POSITION"]
+
+#: Text longer than this many characters per model position is refused before it is tokenized.
+MAX_CHARS_PER_POSITION = 32
+
+
+def key_scope(signing_key: bytes, model_fingerprint: str, hardware_fingerprint: str, namespace: str) -> str:
+    """What every state and memo key of one engine is scoped to (see the module docstring)."""
+    return mac(signing_key, b"kvrag-scope", model_fingerprint.encode(), hardware_fingerprint.encode(), namespace.encode())
 
 
 @dataclass(frozen=True)
@@ -55,17 +66,31 @@ class StateRef(BaseModel):
 class Planner:
     """Segments for one model (fingerprint, layout, maximum positions)."""
 
-    def __init__(self, layout: PromptLayout, fingerprint: str, max_positions: int, model_name: str) -> None:
+    def __init__(self, layout: PromptLayout, fingerprint: str, max_positions: int, model_name: str,
+                 scope: Callable[[], str]) -> None:
         self.layout = layout
         self.fingerprint = fingerprint
         self.max_positions = max_positions
         self.model_name = model_name
+        self.scope = scope
+
+    def key(self, parent_key: str | None, ids: Sequence[int]) -> str:
+        return state_key(self.scope(), parent_key, list(ids))
 
     def segment(self, text: str, ids: Sequence[int], after: Segment | StateRef | None) -> Segment:
         """The segment of `ids` continuing `after` (or starting the prompt)."""
         parent = after.key if after is not None else None
         start = after.end if after is not None else 0
-        return Segment(text, list(ids), state_key(self.fingerprint, parent, list(ids)), parent, start)
+        return Segment(text, list(ids), self.key(parent, ids), parent, start)
+
+    def check_size(self, text: str) -> str:
+        """`text`, unless it is too long to fit the model whatever its tokens (refused before tokenizing)."""
+        if len(text) > self.max_positions * MAX_CHARS_PER_POSITION:
+            raise ContextTooLongError(
+                f"a text of {len(text):,} characters cannot fit {self.model_name}'s {self.max_positions:,} positions; "
+                "split it into smaller documents"
+            )
+        return text
 
     def documents(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[Segment]:
         """The segments of documents read in order, optionally after a chain."""
@@ -73,7 +98,7 @@ class Planner:
         segments: list[Segment] = []
         previous: Segment | StateRef | None = after
         for text in texts:
-            segment = self.segment(text, self.layout.segment_ids(text, first=previous is None), previous)
+            segment = self.segment(text, self.layout.segment_ids(self.check_size(text), first=previous is None), previous)
             segments.append(segment)
             previous = segment
         self.check_length(segments[-1].end if segments else (after.end if after else 0))
@@ -81,7 +106,7 @@ class Planner:
 
     def question(self, query: str, context: Sequence[Segment]) -> list[int]:
         """The ids fed after the context: the question (and the prompt prefix when there is no context)."""
-        ids = self.layout.question_ids(query)
+        ids = self.layout.question_ids(self.check_size(query))
         return ids if context else list(self.layout.prefix_ids) + ids
 
     def ref(self, segment: Segment) -> StateRef:

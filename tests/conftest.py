@@ -29,6 +29,18 @@ def tiny(family: str, dtype: str = "float32", attn: str = "sdpa") -> LoadedModel
     return load_model(f"tiny-random-{family}", dtype=dtype, attn=attn)
 
 
+def resigned(engine: KVEngine, manifest: bytes | dict) -> bytes:
+    """Manifest bytes (or a manifest edited as a dict) signed with `engine`'s key: what someone
+    holding the key could write, so a test reaches the checks behind the signature."""
+    import json
+
+    from kvrag.artifact import parse_manifest
+    from kvrag.signing import sign_manifest
+
+    raw = json.dumps(manifest).encode() if isinstance(manifest, dict) else manifest
+    return sign_manifest(parse_manifest(raw), engine.signing_key).to_json_bytes()
+
+
 def load_example(name: str):
     """Import `examples/<name>.py` as a module (examples are scripts, not a package)."""
     import importlib.util

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import hashlib
 from typing import Any, Sequence
 
@@ -11,9 +12,14 @@ from langchain_core.load import dumps, loads
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
 
+from kvrag.errors import StoreError
+from kvrag.records import SealedRecords
+from kvrag.signing import resolve_signing_key
 from kvrag.stores import StateStore, open_store
 
 __all__ = ["KVCache"]
+
+log = logging.getLogger("langchain_kvrag.cache")
 
 NAMESPACE = "lc-cache"
 # A shared store is a trust boundary: only generation and message classes are ever rebuilt.
@@ -23,12 +29,17 @@ _ALLOWED = [Generation, ChatGeneration, AIMessage, AIMessageChunk, GenerationChu
 class KVCache(BaseCache):
     """`set_llm_cache(KVCache("redis://127.0.0.1:6379/0"))`: one blob per (prompt, llm string).
 
-    Entries are LangChain's own serialization of the generations (JSON, never pickle).
+    Entries are LangChain's own serialization of the generations (JSON, never pickle), sealed with
+    the signing key (see `kvrag.signing`) and bound to their slot: an entry rewritten or moved by
+    someone without the key is a miss. A store that fails is a miss on read and a logged warning on
+    write; it never fails the call the cache sits behind.
     """
 
-    def __init__(self, store: StateStore | str | None = None, *, ttl: int | None = None) -> None:
+    def __init__(self, store: StateStore | str | None = None, *, ttl: int | None = None,
+                 signing_key: bytes | str | None = None, allow_unsigned: bool = False) -> None:
         self.store = store if isinstance(store, StateStore) else open_store(store)
         self.ttl = ttl
+        self._records = SealedRecords(self.store, resolve_signing_key(signing_key), allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
 
     @staticmethod
     def _name(prompt: str, llm_string: str) -> str:
@@ -36,11 +47,20 @@ class KVCache(BaseCache):
         return f"{NAMESPACE}/{digest}"
 
     def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
-        raw = self.store.get_blob(self._name(prompt, llm_string))
-        return loads(raw.decode(), allowed_objects=_ALLOWED) if raw is not None else None
+        raw = self._records.get(self._name(prompt, llm_string))
+        if raw is None:
+            return None
+        try:
+            return loads(raw.decode(), allowed_objects=_ALLOWED)
+        except Exception as e:  # noqa: BLE001 - whatever an unreadable entry raises, it is a miss
+            log.warning("unreadable cache entry: %s", str(e)[:200])
+            return None
 
     def update(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
-        self.store.put_blob(self._name(prompt, llm_string), dumps(list(return_val)).encode(), ttl=self.ttl)
+        try:
+            self._records.put(self._name(prompt, llm_string), dumps(list(return_val)).encode(), ttl=self.ttl)
+        except StoreError as e:
+            log.warning("could not write a cache entry: %s", e)
 
     def clear(self, **kwargs: Any) -> None:
         for name in list(self.store.blob_names(NAMESPACE)):

@@ -5,22 +5,27 @@
     redis://[user:pass@]host:port/db    one Redis server; rediss:// for TLS
     redis+cluster://host:port,...       Redis Cluster (a state's frames share one hash slot)
     redis://...,disk://...              tiers, hot first: reads promote, writes go through
+
+Every tier URL also takes `?namespace=NAME` (the tenant: part of every state and memo key) and
+`?allow_unsigned=1` (read unsigned states from this tier, with a warning once).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode
 from typing import Literal
 
 from kvrag.errors import StoreError
 from kvrag.paths import kvrag_home
-from kvrag.stores.base import BlobStore, Found, StateCheck, StateStore, StoredState
+from kvrag.stores.base import UNTRUSTED_PARSE_ERRORS, BlobStore, Found, StateCheck, StateStore, StoredState
 from kvrag.stores.disk import DiskStore
 from kvrag.stores.memory import MemoryStore
 from kvrag.stores.redis import RedisStore, redis_store_from_url
 from kvrag.stores.tiered import TieredStore
 
-__all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Found", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "open_store", "default_store_url"]
+__all__ = ["UNTRUSTED_PARSE_ERRORS", "StateStore", "BlobStore", "StoredState", "StateCheck", "Found", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "open_store", "default_store_url"]
 
 _SCHEMES = "disk://PATH, memory://, redis://, rediss://, redis+cluster://, or a comma list of them"
 
@@ -53,7 +58,32 @@ def _split_tiers(url: str) -> list[str]:
     return [p for p in pieces if p]
 
 
+_COMMON = ("namespace", "allow_unsigned")
+
+
 def _open_one(url: str) -> StateStore:
+    url, common = _common_params(url)
+    store = _open_scheme(url)
+    store.namespace = common.get("namespace", "")
+    store.allow_unsigned = common.get("allow_unsigned", "0").lower() in ("1", "true", "yes")
+    return store
+
+
+def _common_params(url: str) -> tuple[str, dict[str, str]]:
+    """`url` without the parameters every scheme takes, and those parameters."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, {}
+    kept, common = [], {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        (common.__setitem__(name, value) if name in _COMMON else kept.append((name, value)))
+    namespace = common.get("namespace", "")
+    if namespace and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", namespace):
+        raise StoreError("namespace may hold 1 to 64 letters, digits and _ . -")
+    return base + ("?" + urlencode(kept) if kept else ""), common
+
+
+def _open_scheme(url: str) -> StateStore:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise StoreError(f"store URL {url!r} has no scheme; use {_SCHEMES}")

@@ -11,31 +11,48 @@ any payload byte is read, then the payload; a tiered store walks its tiers with 
 from __future__ import annotations
 
 import re
+import struct
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
-from kvrag.errors import StateError, StateNotFoundError, StoreError, StoreUnavailableError
+from kvrag.digests import CHUNK_BYTES
+from kvrag.errors import IntegrityError, StateError, StateNotFoundError, StoreError, StoreUnavailableError
+from kvrag.stores.deadline import Breaker, Deadline, bounded
 
-__all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Found", "check_key", "check_blob_name"]
+__all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Found", "check_key", "check_blob_name",
+           "UNTRUSTED_PARSE_ERRORS", "shorten"]
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 _BLOB = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[0-9a-f]{64}$")
 
 T = TypeVar("T")
+
+#: What a parser of untrusted bytes may raise besides kvrag's own errors; any of them, raised while
+#: reading or checking stored bytes, is an `IntegrityError` (the next tier or the text answers).
+UNTRUSTED_PARSE_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, LookupError, ArithmeticError, AttributeError, RecursionError, MemoryError, struct.error,
+)
 T_co = TypeVar("T_co", covariant=True)
+
+
+def shorten(text: object, limit: int = 24) -> str:
+    """`text` for an error message: at most `limit` characters of it, quoted."""
+    text = str(text)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def check_blob_name(name: str) -> str:
     """Blob names are `namespace/<64 hex>`: safe as file names and Redis keys alike."""
     if not isinstance(name, str) or not _BLOB.match(name):
-        raise StoreError(f"invalid blob name {name!r}: expected namespace/<64 hex characters>")
+        raise StoreError(f"invalid blob name {shorten(name)}: expected namespace/<64 hex characters>")
     return name
 
 
 def check_key(key: str) -> str:
     if not isinstance(key, str) or not _KEY.match(key):
-        raise StoreError(f"invalid state key {key!r}: expected 64 lowercase hex characters")
+        raise StoreError(f"invalid state key {shorten(key)}: expected 64 lowercase hex characters")
     return key
 
 
@@ -52,8 +69,9 @@ class StoredState:
 class StateCheck(Protocol[T_co]):
     """What a reader accepts. Raise a `StateError` from either method to refuse the state."""
 
-    def manifest(self, raw: bytes) -> Any:
-        """Check manifest bytes before any payload byte is read; the result goes to `payload`."""
+    def manifest(self, raw: bytes, store: "StateStore") -> Any:
+        """Check manifest bytes (read from `store`) before any payload byte is read; the result
+        goes to `payload`."""
 
     def payload(self, manifest: Any, payload: Any) -> T_co:
         """Check the payload against the checked manifest; the result is what `fetch` returns."""
@@ -83,6 +101,13 @@ class StateStore(ABC):
     """
 
     url: str
+    #: states read from this store may be unsigned (`?allow_unsigned=1`); a warning is logged once
+    allow_unsigned: bool = False
+    #: the tenant whose states this store holds (`?namespace=`); part of every state and memo key
+    namespace: str = ""
+    #: the chunk size (each chunk with its own SHA-256) of states deposited through this store; a
+    #: Redis tier stores one frame per chunk
+    chunk_bytes: int = CHUNK_BYTES
 
     @abstractmethod
     def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
@@ -102,21 +127,49 @@ class StateStore(ABC):
     @abstractmethod
     def keys(self) -> Iterator[str]: ...
 
+    def complete(self, key: str) -> bool:
+        """Whether the manifest and every part of its payload are present (nothing is hashed)."""
+        return self.read_manifest(key) is not None
+
     @property
     def tiers(self) -> list["StateStore"]:
         """The tiers to read, hot first: a single store is its own only tier."""
         return [self]
 
-    def fetch(self, key: str, check: StateCheck[T]) -> Found[T]:
-        """The state under `key` if it passes `check`; raises the `StateError` that says why not
-        (a store failure is a `StoreUnavailableError`, an absent key a `StateNotFoundError`)."""
+    @property
+    def breaker(self) -> Breaker:
+        """This tier's breaker: open after a read timed out or the tier could not be reached."""
+        if "_breaker" not in self.__dict__:
+            self.__dict__["_breaker"] = Breaker()
+        return self.__dict__["_breaker"]
+
+    def fetch(self, key: str, check: StateCheck[T], deadline: Deadline | None = None) -> Found[T]:
+        """The state under `key` if it passes `check`, read within `deadline`; raises the
+        `StateError` that says why not: an absent key is a `StateNotFoundError`; a store failure,
+        a read past the deadline or an open breaker a `StoreUnavailableError`; stored bytes that
+        do not parse, whatever the parser raised, an `IntegrityError`."""
+        if self.breaker.is_open:
+            raise StoreUnavailableError(f"{self.url} skipped: {self.breaker.why}")
+
+        def read_and_check() -> Found[T]:
+            stored = self.read(key, lambda raw: check.manifest(raw, self))
+            if stored is None:
+                raise StateNotFoundError(f"no state {key[:12]} (or a part of it) in {self.url}")
+            return Found(check.payload(stored.checked, stored.payload), self.url, stored)
+
         try:
-            stored = self.read(key, check.manifest)
+            return bounded(read_and_check, deadline, f"reading {key[:12]} from {self.url}")
+        except StoreUnavailableError as e:
+            self.breaker.trip(f"timed out {time.strftime('%H:%M:%S')}: {e}")
+            raise
         except StoreError as e:
+            self.breaker.trip(f"failed {time.strftime('%H:%M:%S')}: {e}")
             raise StoreUnavailableError(str(e)) from e
-        if stored is None:
-            raise StateNotFoundError(f"no state {key[:12]} (or a part of it) in {self.url}")
-        return Found(check.payload(stored.checked, stored.payload), self.url, stored)
+        except StateError:
+            raise
+        except UNTRUSTED_PARSE_ERRORS as e:
+            raise IntegrityError(f"state {key[:12]} in {self.url} does not parse: {type(e).__name__}: "
+                                 f"{str(e)[:200]}") from e
 
     def __contains__(self, key: str) -> bool:
         return self.read_manifest(key) is not None

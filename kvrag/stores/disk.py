@@ -1,15 +1,19 @@
-"""The embedded default tier: one file per state, written atomically, read through mmap.
+"""The embedded default tier: one file per state, written atomically, read into memory.
 
 A state file is `KVRAGST1`, the manifest's length (8 bytes, little-endian), the manifest, zero
 padding to a 4 KiB boundary, then the payload. One file and one rename per write means a reader
-sees the old state, the new one, or nothing, never a manifest beside another write's payload; and
-a page-aligned payload maps straight into tensors without a copy.
+sees the old state, the new one, or nothing, never a manifest beside another write's payload.
+
+Reads open regular files only (never blocking on a FIFO or a device) and copy the payload into
+process memory with one `readinto`: a file truncated or rewritten in place while being read is a
+short read (an integrity miss), never the SIGBUS a memory mapping would raise.
 """
 
 from __future__ import annotations
 
-import mmap
+import json
 import os
+import stat
 import struct
 import tempfile
 import time
@@ -25,6 +29,7 @@ MAGIC = b"KVRAGST1"
 SUFFIX = ".kvstate"
 _ALIGN = 4096
 _MAX_MANIFEST = 64 << 20
+_MAX_BLOB = 64 << 20
 
 
 class DiskStore(StateStore, BlobStore):
@@ -48,35 +53,66 @@ class DiskStore(StateStore, BlobStore):
             raise IntegrityError(f"state file {key[:12]} claims a {length}-byte manifest; refusing it")
         return length
 
-    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
-        """One mapping of the file: the manifest and the payload come from the same write."""
+    def _open(self, key: str) -> tuple[Any, int] | None:
+        """An open regular file and its size, or None if there is none (anything else: integrity)."""
         try:
-            with self._path(key).open("rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < 16:
-                    raise IntegrityError(f"state file {key[:12]} is truncated")
-                # A private copy-on-write mapping: tensors view the page cache without a copy, and
-                # nothing written through them could ever reach the file.
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as e:
             raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
-        length = self._manifest_length(key, data[:16], len(data))
-        manifest = bytes(data[16 : 16 + length])
-        checked = check(manifest) if check else None
-        return StoredState(manifest, memoryview(data)[_payload_offset(length) :], checked)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise IntegrityError(f"{key[:12]} in {self.url} is not a regular file; it is never read")
+        return os.fdopen(fd, "rb", buffering=0), info.st_size
+
+    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+        """The manifest, checked, then the payload of the same file (one open, one `readinto`)."""
+        opened = self._open(key)
+        if opened is None:
+            return None
+        f, size = opened
+        try:
+            with f:
+                length = self._manifest_length(key, f.read(16), size)
+                manifest = f.read(length)
+                if len(manifest) != length:
+                    raise IntegrityError(f"state file {key[:12]} was truncated while read")
+                checked = check(manifest) if check else None
+                offset = _payload_offset(length)
+                payload = bytearray(size - offset)
+                f.seek(offset)
+                got = f.readinto(payload)
+                if got != len(payload):
+                    raise IntegrityError(f"state file {key[:12]} changed size while read ({got} of {len(payload)} bytes)")
+        except OSError as e:
+            raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
+        return StoredState(manifest, payload, checked)
 
     def read_manifest(self, key: str) -> bytes | None:
-        try:
-            with self._path(key).open("rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                length = self._manifest_length(key, f.read(16), size)
-                return f.read(length)
-        except FileNotFoundError:
+        opened = self._open(key)
+        if opened is None:
             return None
+        f, size = opened
+        try:
+            with f:
+                return f.read(self._manifest_length(key, f.read(16), size))
         except OSError as e:
             raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
+
+    def complete(self, key: str) -> bool:
+        opened = self._open(key)
+        if opened is None:
+            return False
+        f, size = opened
+        with f:
+            try:
+                length = self._manifest_length(key, f.read(16), size)
+                declared = int(json.loads(f.read(length)).get("payload_bytes", -1))
+            except (IntegrityError, ValueError, AttributeError, TypeError, RecursionError):
+                return False
+        return size == _payload_offset(length) + declared
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         path = self._path(key)
@@ -115,14 +151,24 @@ class DiskStore(StateStore, BlobStore):
     def get_blob(self, name: str) -> bytes | None:
         path = self._blob_path(name)
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as e:
             raise StoreError(f"cannot read {name} from {self.url}: {e}") from e
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None  # a FIFO or a device is never read
+            try:
+                data = f.read(_MAX_BLOB + 64)
+            except OSError as e:
+                raise StoreError(f"cannot read {name} from {self.url}: {e}") from e
         expires, _, body = data.partition(b"\n")
-        if expires and float(expires) < time.time():
-            return None
+        try:
+            if len(data) > _MAX_BLOB or (expires and float(expires) < time.time()):
+                return None
+        except ValueError:
+            return None  # a damaged expiry line: the blob is unreadable, a miss
         return body
 
     def put_blob(self, name: str, data: bytes, *, ttl: int | None = None) -> None:
@@ -146,10 +192,19 @@ class DiskStore(StateStore, BlobStore):
             return iter(())
         return (f"{namespace}/{p.name}" for p in sorted(folder.iterdir()) if not p.name.startswith(".") and self.get_blob(f"{namespace}/{p.name}") is not None)
 
-    def stray_files(self) -> list[Path]:
-        """Temporary files left by writes that were interrupted (what `kvrag gc` removes)."""
+    def stray_files(self, grace_s: float = 0.0) -> list[Path]:
+        """Temporary files left by writes that were interrupted (what `kvrag gc` removes); files
+        younger than `grace_s` may belong to a write in progress and are left alone."""
         base = self.root / "states"
-        return sorted(base.glob("??/.*")) if base.is_dir() else []
+        now = time.time()
+        found = []
+        for path in sorted(base.glob("??/.*")) if base.is_dir() else []:
+            try:
+                if now - path.lstat().st_mtime >= grace_s:
+                    found.append(path)
+            except FileNotFoundError:
+                continue
+        return found
 
 
 def _payload_offset(manifest_length: int) -> int:

@@ -8,13 +8,15 @@ miss in this tier: the next tier or a text re-prefill answers instead.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from kvrag.errors import StoreError
-from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
+from kvrag.artifact import StateManifest, parse_manifest
+from kvrag.errors import IntegrityError, StoreError
+from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key, shorten
 from kvrag.stores.frames import DEFAULT_FRAME_BYTES, Assembler, FrameRecord, make_record, parse_record
 
 __all__ = ["RedisStore", "redis_store_from_url"]
@@ -49,6 +51,7 @@ class RedisStore(StateStore, BlobStore):
         self.max_state_bytes = max_state_bytes
         self.prefix = prefix
         self.frame_bytes = frame_bytes
+        self.chunk_bytes = frame_bytes  # states deposited through this tier: one frame per chunk
         self.ttl = ttl
         self.frames_per_mget = frames_per_mget
         self._client_factory = client_factory
@@ -59,7 +62,7 @@ class RedisStore(StateStore, BlobStore):
         if self._client is None:
             try:
                 self._client = self._client_factory()
-            except _redis_errors() as e:
+            except (*_redis_errors(), ValueError) as e:
                 raise StoreError(f"cannot connect to {self.url}: {e}") from e
         return self._client
 
@@ -91,6 +94,14 @@ class RedisStore(StateStore, BlobStore):
             return None
         manifest = record.manifest.encode()
         checked = check(manifest) if check else None
+        # The frame layout comes from the manifest (signed, and checked just now), never from the
+        # record: a record listing anything but exactly the manifest's chunks is refused before a
+        # byte is allocated.
+        layout = checked if isinstance(checked, StateManifest) else parse_manifest(manifest)
+        if (record.payload_bytes, record.frame_bytes, record.frames) != (
+            layout.payload_bytes, layout.payload_chunk_bytes, layout.payload_chunks
+        ):
+            raise IntegrityError(f"state {key[:12]}: its frame record does not list the manifest's chunks")
         keys = self._fkeys(key, record)
         assembler = Assembler(record, self.max_state_bytes)
 
@@ -110,8 +121,16 @@ class RedisStore(StateStore, BlobStore):
                 return None
         return StoredState(manifest, assembler.result(), checked)
 
+    def complete(self, key: str) -> bool:
+        record = self.get_record(key)
+        if record is None:
+            return False
+        keys = self._fkeys(key, record)
+        return self._call("EXISTS", lambda: sum(self.client.exists(name) for name in keys)) == len(keys)
+
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
-        record, frames = make_record(manifest, payload, self.frame_bytes)
+        # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.
+        record, frames = make_record(manifest, payload, parse_manifest(manifest).payload_chunk_bytes)
         keys = self._fkeys(key, record)
 
         def write() -> None:
@@ -147,8 +166,9 @@ class RedisStore(StateStore, BlobStore):
             if match:
                 yield match.group(1)
 
-    def orphan_frames(self) -> list[str]:
-        """Frame keys that no record refers to (left by an interrupted or superseded write)."""
+    def orphan_frames(self, grace_s: float = 0.0) -> list[str]:
+        """Frame keys that no record refers to (left by an interrupted or superseded write) and
+        that nothing touched for `grace_s` seconds (a write in progress writes its record last)."""
         wanted: dict[str, set[str]] = {}
         orphans = []
         for name in self._scan(f"{self.prefix}:{{*}}:f:*"):
@@ -162,9 +182,16 @@ class RedisStore(StateStore, BlobStore):
                 except Exception:  # noqa: BLE001 - an unreadable record refers to nothing
                     record = None
                 wanted[key] = set(self._fkeys(key, record)) if record else set()
-            if name not in wanted[key]:
+            if name not in wanted[key] and self._idle(name) >= grace_s:
                 orphans.append(name)
         return orphans
+
+    def _idle(self, name: str) -> float:
+        """Seconds since `name` was last touched (0 when Redis cannot tell, e.g. under an LFU policy)."""
+        try:
+            return float(self.client.object("idletime", name) or 0)
+        except _redis_errors():
+            return 0.0
 
     def delete_raw(self, names: list[str]) -> int:
         return sum(self._call("DEL", lambda n=name: self.client.delete(n)) for name in names)
@@ -203,14 +230,16 @@ def _split_our_params(url: str) -> tuple[str, dict[str, str]]:
 
 
 def _connection_kwargs(url: str) -> dict[str, Any]:
-    from redis.backoff import ExponentialBackoff
+    """Short timeouts and no retries: a slow or wrong server costs seconds, then the text answers."""
+    from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     parts = urlsplit(url)
     kwargs: dict[str, Any] = {
-        "socket_connect_timeout": float(os.environ.get("KVRAG_REDIS_CONNECT_TIMEOUT", "2")),
-        "socket_timeout": float(os.environ.get("KVRAG_REDIS_TIMEOUT", "30")),
-        "retry": Retry(ExponentialBackoff(cap=0.1, base=0.01), 1),
+        "socket_connect_timeout": _seconds("KVRAG_REDIS_CONNECT_TIMEOUT", 1.0),
+        "socket_timeout": _seconds("KVRAG_REDIS_TIMEOUT", 5.0),
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_timeout": False,
     }
     if not parts.username and os.environ.get("KVRAG_REDIS_USERNAME"):
         kwargs["username"] = os.environ["KVRAG_REDIS_USERNAME"]
@@ -223,6 +252,29 @@ def _connection_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+def _seconds(env: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(env, default))
+    except ValueError as e:
+        raise StoreError(f"{env} must be a number of seconds: {e}") from e
+    if not 0 < value < 3600:
+        raise StoreError(f"{env} must be between 0 and 3600 seconds")
+    return value
+
+
+def _hosts(netloc: str) -> list[tuple[str, int]]:
+    """`host:port[,host:port...]` (after any credentials), ports checked."""
+    hosts = []
+    for item in netloc.rsplit("@", 1)[-1].split(","):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+            raise StoreError(f"{shorten(item)} is not host:port with a port from 1 to 65535")
+        hosts.append((host, int(port)))
+    return hosts
+
+
 def redis_store_from_url(url: str) -> RedisStore:
     """`redis://[user:pass@]host:port/db`, `rediss://...` (TLS), or `redis+cluster://h:p[,h:p...]`.
 
@@ -233,13 +285,21 @@ def redis_store_from_url(url: str) -> RedisStore:
     redis_url, ours = _split_our_params(url)
     try:
         ttl = int(ours["ttl"]) if ours.get("ttl") else None
-        frame_bytes = int(float(ours.get("frame_mib", DEFAULT_FRAME_BYTES / 2**20)) * 2**20)
+        frame_mib = float(ours.get("frame_mib", DEFAULT_FRAME_BYTES / 2**20))
     except ValueError as e:
-        raise StoreError(f"bad ttl or frame_mib in {url!r}: {e}") from e
-    if frame_bytes < 1 or (ttl is not None and ttl < 1):
-        raise StoreError(f"ttl and frame_mib must be positive in {url!r}")
+        raise StoreError(f"ttl must be whole seconds and frame_mib a number of MiB: {e}") from e
+    if not math.isfinite(frame_mib) or not 4096 <= frame_mib * 2**20 <= 1 << 30:
+        raise StoreError(f"frame_mib must be from 0.004 (4 KiB) to 1024 (1 GiB), got {shorten(ours['frame_mib'])}")
+    frame_bytes = int(frame_mib * 2**20)
+    if ttl is not None and ttl < 1:
+        raise StoreError("ttl must be at least 1 second")
     prefix = ours.get("prefix", "kvrag")
+    if not prefix or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", prefix):
+        raise StoreError(f"prefix {shorten(prefix)} may hold only letters, digits and _ . : - "
+                         "(glob characters would let one prefix's gc reach another's keys)")
     scheme = urlsplit(redis_url).scheme
+    if scheme in ("redis", "rediss"):
+        _hosts(urlsplit(redis_url).netloc)  # a port that is not a number fails here, with one line
     try:
         import redis
     except ImportError as e:  # pragma: no cover - redis is a dependency
@@ -252,11 +312,7 @@ def redis_store_from_url(url: str) -> RedisStore:
 
     elif scheme == "redis+cluster":
         parts = urlsplit(redis_url)
-        hosts = parts.netloc.rsplit("@", 1)[-1]
-        try:
-            nodes = [redis.cluster.ClusterNode(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in hosts.split(",") if h]
-        except (ValueError, IndexError) as e:
-            raise StoreError(f"redis+cluster:// needs host:port[,host:port...], got {hosts!r}") from e
+        nodes = [redis.cluster.ClusterNode(host, port) for host, port in _hosts(parts.netloc)]
         if not nodes:
             raise StoreError(f"redis+cluster:// needs at least one host:port, got {url!r}")
         kwargs = _connection_kwargs(redis_url)

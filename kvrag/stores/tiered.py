@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 from kvrag.errors import StateError, StateNotFoundError, StoreError
 from kvrag.stores.base import BlobStore, Found, StateCheck, StateStore, StoredState, check_blob_name
+from kvrag.stores.deadline import Deadline
 
 __all__ = ["TieredStore"]
 
@@ -27,6 +28,12 @@ class TieredStore(StateStore, BlobStore):
         self._tiers = list(tiers)
         self.write = write
         self.url = ",".join(t.url for t in self.tiers)
+        namespaces = {t.namespace for t in self._tiers}
+        if len(namespaces) > 1:
+            raise StoreError(f"the tiers of {self.url} name different namespaces ({', '.join(sorted(namespaces))}); "
+                             "give each tier the same ?namespace=")
+        self.namespace = namespaces.pop()
+        self.chunk_bytes = min(t.chunk_bytes for t in self._tiers)
 
     @property
     def tiers(self) -> list[StateStore]:
@@ -57,13 +64,17 @@ class TieredStore(StateStore, BlobStore):
                 return raw
         return None
 
-    def fetch(self, key: str, check: StateCheck[T]) -> Found[T]:
-        """The first copy that passes `check`, tier by tier; it is then written into the hotter tiers
-        that missed. Raises the most telling `StateError` when no tier has a good copy."""
+    def complete(self, key: str) -> bool:
+        return any(_quietly(lambda t=tier: t.complete(key)) for tier in self.tiers)
+
+    def fetch(self, key: str, check: StateCheck[T], deadline: Deadline | None = None) -> Found[T]:
+        """The first copy that passes `check`, tier by tier, all within `deadline`; it is then
+        written into the hotter tiers that missed. Raises the most telling `StateError` when no
+        tier has a good copy."""
         misses: list[tuple[str, StateError]] = []
         for index, tier in enumerate(self.tiers):
             try:
-                found = tier.fetch(key, check)
+                found = tier.fetch(key, check, deadline)
             except StateError as e:
                 misses.append((tier.url, e))
                 continue
@@ -78,6 +89,8 @@ class TieredStore(StateStore, BlobStore):
             return
         data = bytes(stored.payload)
         for tier in hotter:
+            if tier.breaker.is_open:
+                continue
             try:
                 tier.put(key, stored.manifest, data)
             except StoreError as e:
@@ -87,6 +100,9 @@ class TieredStore(StateStore, BlobStore):
         targets = self.tiers if self.write == "all" else self.tiers[:1]
         errors = []
         for tier in targets:
+            if tier.breaker.is_open:  # it just timed out or failed: do not wait on it again
+                errors.append(f"{tier.url} skipped: {tier.breaker.why}")
+                continue
             try:
                 tier.put(key, manifest, payload)
             except StoreError as e:
@@ -159,3 +175,10 @@ class TieredStore(StateStore, BlobStore):
     def close(self) -> None:
         for tier in self.tiers:
             tier.close()
+
+
+def _quietly(fn: Callable[[], bool]) -> bool:
+    try:
+        return fn()
+    except StoreError:
+        return False

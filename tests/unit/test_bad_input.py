@@ -15,7 +15,10 @@ from kvrag import (
     StateNotFoundError,
 )
 
-from ..conftest import DOC_A, DOC_B, QUESTION, tiny
+from kvrag.artifact import parse_manifest
+from kvrag.signing import sign_manifest
+
+from ..conftest import DOC_A, DOC_B, QUESTION, resigned, tiny
 
 
 def _stored(engine):
@@ -49,12 +52,12 @@ def test_a_state_from_another_model():
         ours.restore(foreign)
     assert _stored(ours) == []
 
-    # Their state planted in our store under our key, its manifest saying so: the model
-    # fingerprint refuses it, and the text answers.
+    # Their state (same user, same signing key) under our key, its manifest saying so and signed:
+    # the model fingerprint refuses it, and the text answers.
     ours_ref = ours.ref(DOC_A)
-    planted = json.loads(theirs.store.read_manifest(foreign.key))
-    planted["key"] = ours_ref.key
-    ours.store.put(ours_ref.key, json.dumps(planted).encode(), theirs.store.read(foreign.key).payload)
+    planted = parse_manifest(theirs.store.read_manifest(foreign.key)).model_copy(update={"key": ours_ref.key})
+    planted = sign_manifest(planted, ours.signing_key)
+    ours.store.put(ours_ref.key, planted.to_json_bytes(), theirs.store.read(foreign.key).payload)
     with pytest.raises(ForeignStateError, match="another model"):
         ours.restore(ours_ref)
     generation = ours.generate(QUESTION, states=[ours_ref], max_new_tokens=2)
@@ -85,7 +88,7 @@ def test_an_unverified_state_is_never_grafted(llama_engine):
     ref = llama_engine.deposit(DOC_A)
     data = json.loads(llama_engine.store.read_manifest(ref.key))
     data["deposit"]["verified"] = False
-    llama_engine.store.put(ref.key, json.dumps(data).encode(), llama_engine.store.read(ref.key).payload)
+    llama_engine.store.put(ref.key, resigned(llama_engine, data), llama_engine.store.read(ref.key).payload)
     with pytest.raises(IntegrityError, match="verified"):
         llama_engine.restore(ref)
 

@@ -7,16 +7,22 @@ import pytest
 from kvrag import KVEngine, MemoryStore
 from kvrag.artifact import parse_manifest
 
-from ..conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, tiny
+from ..conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, resigned, tiny
 
 
 def _engine(family, dtype="float32", attn="sdpa"):
     return KVEngine(tiny(family, dtype, attn), MemoryStore())
 
 
-def _other_model_manifest(raw: bytes) -> bytes:
+def _other_model_manifest(engine, raw: bytes) -> bytes:
     data = json.loads(raw)
     data["model_fingerprint"]["weights_sha256"] = "f" * 64
+    return resigned(engine, data)
+
+
+def _wrongly_signed(raw: bytes) -> bytes:
+    data = json.loads(raw)
+    data["signature"] = ("1" if data["signature"][0] == "0" else "0") + data["signature"][1:]
     return json.dumps(data).encode()
 
 
@@ -37,7 +43,8 @@ def test_graft_and_every_fallback_give_the_same_logits(family, dtype):
         "graft-off": lambda: None,
         "missing": lambda: store.delete(ref.key),
         "integrity": lambda: store.put(ref.key, manifest, bytes(damaged)),
-        "foreign": lambda: store.put(ref.key, _other_model_manifest(manifest), payload),
+        "foreign": lambda: store.put(ref.key, _other_model_manifest(engine, manifest), payload),
+        "signature": lambda: store.put(ref.key, _wrongly_signed(manifest), payload),
     }
     for reason, damage in cases.items():
         store.put(ref.key, manifest, payload)
@@ -121,7 +128,7 @@ def test_gemma3_refuses_a_sliding_state_that_does_not_hold_its_window():
     for layer in data["layers"]:
         if layer["kind"] == "sliding":
             layer["window"] = 4096  # claims to hold the whole document
-    engine.store.put(ref.key, json.dumps(data).encode(), engine.store.read(ref.key).payload)
+    engine.store.put(ref.key, resigned(engine, data), engine.store.read(ref.key).payload)
     generation = engine.generate(QUESTION, states=[ref], max_new_tokens=2)
     assert generation.receipt.mode == "text-prefill" and generation.receipt.states[0].reason == "integrity"
 

@@ -56,11 +56,12 @@ def test_an_entry_whose_state_fails_its_checks_is_answered_normally(engine):
     engine.store.delete(entry.state_key)
     assert engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16).receipt.mode == "exact-graft"
 
-    # A forged entry claiming verification with a state key that is not its own: refused too.
-    forged = MemoEntry.model_validate_json(engine.store.get_blob(f"memo/{entry.memo_key}"))
+    # An entry sealed with our key but naming a state key that is not its own: refused too.
+    name = f"memo/{entry.memo_key}"
+    forged = MemoEntry.model_validate_json(engine.records.get(name))
     data = json.loads(forged.model_dump_json())
     data["state_key"] = "0" * 64
-    engine.store.put_blob(f"memo/{entry.memo_key}", json.dumps(data).encode())
+    engine.records.put(name, json.dumps(data).encode())
     assert engine.generate(QUESTION, states=[DOC_A], max_new_tokens=16).receipt.mode == "exact-graft"
 
 

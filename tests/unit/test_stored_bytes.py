@@ -79,7 +79,7 @@ def test_a_mutated_state_is_refused_or_grafts_the_texts_logits(mutation):
     assert receipt.first_token_logits_sha256 == TEXT
     assert receipt.mode in ("exact-graft", "text-prefill")
     if receipt.mode == "text-prefill":  # refused, and the receipt says why
-        assert receipt.states[0].reason in ("integrity", "foreign", "missing")
+        assert receipt.states[0].reason in ("integrity", "signature", "foreign", "missing")
 
 
 def test_the_genuine_state_grafts():
