@@ -59,8 +59,9 @@ class Continuer:
     """Runs continuations for one model, store and layout."""
 
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout,
-                 hardware: Callable[[], HardwareFingerprint], deadline_s: float) -> None:
+                 hardware: Callable[[], HardwareFingerprint], deadline_s: float, scope: Callable[[], str]) -> None:
         self.runner = runner
+        self.scope = scope
         self.restorer = restorer
         self.layout = layout
         self.hardware = hardware
@@ -74,9 +75,12 @@ class Continuer:
         deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
         for index, segment in enumerate(c.context):
             req = c.requested[index] if c.requested else None
-            moved = isinstance(req, StateRef) and req.key != segment.key
+            # A ref made in another scope (signing key, namespace, hardware) is `foreign`; one of this
+            # scope with another key was deposited at another position or after another chain: `moved`.
+            other_scope = isinstance(req, StateRef) and bool(req.scope) and req.scope != self.scope()
+            moved = isinstance(req, StateRef) and req.key != segment.key and not other_scope
             span: dict[str, Any] = {"key": segment.key, "start": segment.start, "end": segment.end,
-                                    "requested_key": req.key if isinstance(req, StateRef) and moved else None}
+                                    "requested_key": req.key if isinstance(req, StateRef) and req.key != segment.key else None}
             if not c.graft:
                 run.text(segment.ids)
                 uses.append(StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation"))
@@ -89,6 +93,11 @@ class Continuer:
                 if c.memo and index == len(c.context) - 1:
                     raise
                 reason, detail = e.reason, str(e)
+            if other_scope:
+                reason, detail = "foreign", (
+                    f"state {req.key[:12]} was deposited in another scope (another signing key, namespace or "
+                    f"hardware) than this engine's; this engine's own state for the text: {detail}"
+                )
             if isinstance(req, StateRef) and moved:
                 reason, detail = "moved", (
                     f"state {req.key[:12]} was deposited at positions {req.start}..{req.end} after "

@@ -96,7 +96,7 @@ class KVEngine:
                                      self.planner.key, self.runner.vocabulary, allow_unsigned=allow_unsigned)
         self.restorer = Restorer(self.store, acceptance)
         self.depositor = Depositor(self.runner, self.planner, self.store, self.hardware, self.signing_key)
-        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware, deadline_s)
+        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware, deadline_s, self.scope)
         self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
         self.memo = Memo(self)
 

@@ -57,6 +57,7 @@ class StateRef(BaseModel):
     token_count: int
     text: str
     model_fingerprint: str
+    scope: str = ""  # the key scope it was deposited in (an HMAC: it does not reveal the signing key)
 
     @property
     def end(self) -> int:
@@ -111,7 +112,8 @@ class Planner:
 
     def ref(self, segment: Segment) -> StateRef:
         return StateRef(key=segment.key, parent_key=segment.parent_key, start=segment.start,
-                        token_count=len(segment.ids), text=segment.text, model_fingerprint=self.fingerprint)
+                        token_count=len(segment.ids), text=segment.text, model_fingerprint=self.fingerprint,
+                        scope=self.scope())
 
     def check_length(self, positions: int) -> None:
         if positions > self.max_positions:
@@ -126,4 +128,9 @@ class Planner:
                 f"state {after.key[:12]} was deposited with another model (fingerprint "
                 f"{after.model_fingerprint[:12]}, this engine's is {self.fingerprint[:12]}); "
                 "deposit the chain again with this model"
+            )
+        if after is not None and after.scope and after.scope != self.scope():
+            raise ForeignStateError(
+                f"state {after.key[:12]} was deposited in another scope (another signing key, namespace or "
+                "hardware); deposit the chain again with this engine"
             )

@@ -10,6 +10,8 @@ import pytest
 import redis as redis_py
 
 from kvrag import IntegrityError, KVEngine, MemoryStore, StoreError, open_store
+from kvrag.artifact import parse_manifest
+from kvrag.signing import resolve_signing_key, sign_manifest
 from kvrag.stores import DiskStore, RedisStore, TieredStore
 from kvrag.stores.frames import parse_record
 from kvrag.testing import RedisServer, free_port
@@ -74,10 +76,12 @@ def _truncate(server, key):
 
 
 def _foreign_manifest(server, key):
+    """Another model's manifest, signed with our key (this user's): the fingerprint refuses it."""
     record = json.loads(_raw(server).get(f"kvrag:{{{key}}}:m"))
-    manifest = json.loads(record["manifest"])
-    manifest["model_fingerprint"]["name"] = "someone-else"
-    record["manifest"] = json.dumps(manifest)
+    manifest = parse_manifest(record["manifest"])
+    other = manifest.model_fingerprint.model_copy(update={"name": "someone-else"})
+    record["manifest"] = sign_manifest(manifest.model_copy(update={"model_fingerprint": other}),
+                                       resolve_signing_key()).model_dump_json()
     _raw(server).set(f"kvrag:{{{key}}}:m", json.dumps(record))
 
 
@@ -133,18 +137,24 @@ def test_a_tampered_manifest_is_refused_with_signing_on(redis_server, tmp_path, 
 
 
 def test_unsigned_and_wrongly_signed_states_are_refused(redis_server, reference, monkeypatch):
-    unsigned = _redis_engine(redis_server).deposit(DOC_A)
     monkeypatch.setenv("KVRAG_SIGNING_KEY", "our-key")
     ours = _redis_engine(redis_server)
-    refused = ours.generate(QUESTION, states=[unsigned], max_new_tokens=6)
-    assert refused.receipt.states[0].reason == "signature"
-    _same_answer(refused, reference)
-
+    ref = ours.deposit(DOC_A)
+    genuine = ours.store.read(ref.key)
+    # Someone without our key writes over our state's key (which SCAN shows them): their own
+    # manifest for the same text, re-keyed to ours, once signed with their key and once unsigned.
     theirs = _redis_engine(redis_server, signing_key="their-key")
-    forged = theirs.deposit(DOC_B)
-    assert ours.generate(QUESTION, states=[forged], max_new_tokens=1).receipt.states[0].reason == "signature"
-    signed = ours.deposit(DOC_A + " ")  # a fresh state signed with our key grafts
-    assert ours.generate(QUESTION, states=[signed], max_new_tokens=1).receipt.mode == "exact-graft"
+    manifest = parse_manifest(theirs.store.read(theirs.deposit(DOC_A).key).manifest).model_copy(update={"key": ref.key})
+    for forged in (sign_manifest(manifest, b"their-key"), manifest.model_copy(update={"signature": None})):
+        ours.store.put(ref.key, forged.to_json_bytes(), genuine.payload)
+        refused = ours.generate(QUESTION, states=[ref], max_new_tokens=6)
+        assert refused.receipt.mode == "text-prefill" and refused.receipt.states[0].reason == "signature"
+        _same_answer(refused, reference)
+    # Their ref, handed to us, is of another scope: never grafted, re-read as text.
+    foreign = ours.generate(QUESTION, states=[theirs.ref(DOC_A)], max_new_tokens=1).receipt.states[0]
+    assert foreign.source == "text" and foreign.reason == "foreign"
+    ours.store.put(ref.key, genuine.manifest, genuine.payload)
+    assert ours.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.mode == "exact-graft"
 
 
 class KillingRedisStore(RedisStore):
