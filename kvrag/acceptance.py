@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from kvrag.artifact import StateManifest, decode_payload, parse_manifest
+from kvrag.artifact import StateManifest, decode_payload, parse_manifest, state_key
 from kvrag.errors import ForeignStateError, IntegrityError
 from kvrag.fingerprints import HardwareFingerprint, ModelFingerprint
 from kvrag.layers import LayerCodec, StatePart
@@ -37,21 +37,25 @@ class StateAcceptance:
     """The checks for one model on one machine, with one signing key (or none)."""
 
     def __init__(self, model: ModelFingerprint, hardware: Callable[[], HardwareFingerprint],
-                 codecs: Sequence[LayerCodec], signing_key: bytes, key_of: Callable[[str | None, Sequence[int]], str],
+                 codecs: Sequence[LayerCodec], signing_key: bytes, scope: Callable[[], str],
                  vocabulary: int, *, allow_unsigned: bool = False) -> None:
         self.model = model
         self.hardware = hardware
         self.codecs = list(codecs)
         self.signing_key = signing_key
-        self.key_of = key_of
+        self.scope = scope
         self.vocabulary = vocabulary
         self.allow_unsigned = allow_unsigned
 
     def expecting(self, key: str, segment: Segment | None = None) -> "_Check":
-        """The check for the state under `key`, needed as `segment` (or anywhere, for ancestors)."""
-        return _Check(self, key, segment)
+        """The check for the state under `key`, needed as `segment` (or anywhere, for ancestors).
 
-    def manifest(self, key: str, raw: bytes, expect: Segment | None, store: StateStore | None = None) -> StateManifest:
+        The hardware fingerprint and key scope are read here, on the caller's thread: a store may
+        run the check on a worker thread, where thread counts read differently."""
+        return _Check(self, key, segment, self.hardware(), self.scope())
+
+    def manifest(self, key: str, raw: bytes, expect: Segment | None, hardware: HardwareFingerprint, scope: str,
+                 store: StateStore | None = None) -> StateManifest:
         manifest = parse_manifest(raw)
         if manifest.key != key:
             raise IntegrityError(f"state {key[:12]}: manifest is for another key ({manifest.key[:12]})")
@@ -63,7 +67,7 @@ class StateAcceptance:
                 f"fingerprint {manifest.model_fingerprint.digest[:12]}); this engine runs "
                 f"{self.model.name} ({self.model.digest[:12]})"
             )
-        if not manifest.hardware_fingerprint.matches(self.hardware()):
+        if not manifest.hardware_fingerprint.matches(hardware):
             raise ForeignStateError(
                 f"state {key[:12]} was computed on other hardware or kernels "
                 f"({manifest.hardware_fingerprint.device_name}, {manifest.hardware_fingerprint.cpu_capability}, "
@@ -71,7 +75,7 @@ class StateAcceptance:
             )
         if any(t >= self.vocabulary for t in manifest.token_ids):
             raise IntegrityError(f"state {key[:12]} holds token ids outside the model's vocabulary of {self.vocabulary}")
-        if self.key_of(manifest.parent_key, manifest.token_ids) != key:
+        if state_key(scope, manifest.parent_key, manifest.token_ids) != key:
             raise IntegrityError(f"state {key[:12]}: key does not match its tokens and parent")
         if expect is not None and (
             manifest.parent_key != expect.parent_key or manifest.start != expect.start or manifest.token_ids != expect.ids
@@ -102,9 +106,11 @@ class _Check:
     acceptance: StateAcceptance
     key: str
     expect: Segment | None
+    hardware: HardwareFingerprint
+    scope: str
 
     def manifest(self, raw: bytes, store: StateStore) -> StateManifest:
-        return self.acceptance.manifest(self.key, raw, self.expect, store)
+        return self.acceptance.manifest(self.key, raw, self.expect, self.hardware, self.scope, store)
 
     def payload(self, manifest: StateManifest, payload: Any) -> Restored:
         return self.acceptance.payload(manifest, payload)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -41,8 +42,23 @@ def _engine(model: str, store: Optional[str], dtype: str, attn: str) -> "KVEngin
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {e}", highlight=False)
+    """One line on stderr (never wrapped, never a traceback), exit status 2."""
+    message = " ".join(str(e).split())
+    err.print(f"[bold red]error:[/] {escape(message[:500])}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def _read_text(path: str) -> str:
+    """A text file ('-': standard input), as UTF-8; unreadable input is a `KVRagError`."""
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise KVRagError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it first") from e
+    except OSError as e:
+        raise KVRagError(f"cannot read {path}: {e.strerror or e}") from e
 
 
 def _progress() -> Progress:
@@ -136,10 +152,7 @@ def deposit(
 ) -> None:
     """Deposit documents as verified states and print their refs."""
     try:
-        texts = [sys.stdin.read() if f == "-" else open(f, encoding="utf-8").read() for f in files]
-    except OSError as e:
-        _fail(KVRagError(f"cannot read input: {e}"))
-    try:
+        texts = [_read_text(f) for f in files]
         engine = _engine(model, store, dtype, attn)
         refs = engine.deposit_chain(texts) if chain else [engine.deposit(t) for t in texts]
     except KVRagError as e:
@@ -164,10 +177,7 @@ def ask(
 ) -> None:
     """Answer a question after the given documents, grafting their stored states where possible."""
     try:
-        texts = [open(f, encoding="utf-8").read() for f in doc]
-    except OSError as e:
-        _fail(KVRagError(f"cannot read document: {e}"))
-    try:
+        texts = [_read_text(f) for f in doc]
         engine = _engine(model, store, dtype, attn)
         generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens)
     except KVRagError as e:
@@ -243,6 +253,8 @@ def gc(
     dtype: str = DTYPE,
     attn: str = ATTN,
     dry_run: bool = typer.Option(False, "--dry-run", help="report, delete nothing"),
+    grace: float = typer.Option(600.0, "--grace", min=0, help="seconds: temporary files and orphan frames younger "
+                                "than this may belong to a write in progress and are kept"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Drop orphan frames, stray temporary files and damaged states (and other models' states on request)."""
@@ -253,7 +265,7 @@ def gc(
         keep = None
         if other_models:
             keep = _engine(model, store, dtype, attn).fingerprint
-        report = collect_garbage(open_store(store), keep_fingerprint=keep, dry_run=dry_run)
+        report = collect_garbage(open_store(store), keep_fingerprint=keep, dry_run=dry_run, grace_s=grace)
     except KVRagError as e:
         _fail(e)
     if as_json:

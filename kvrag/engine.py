@@ -93,7 +93,7 @@ class KVEngine:
         self.runner = ModelRunner(model)
         self.planner = Planner(self.layout, self.fingerprint, model.max_positions, model.name, self.scope)
         acceptance = StateAcceptance(model.fingerprint, self.hardware, self.runner.codecs, self.signing_key,
-                                     self.planner.key, self.runner.vocabulary, allow_unsigned=allow_unsigned)
+                                     self.scope, self.runner.vocabulary, allow_unsigned=allow_unsigned)
         self.restorer = Restorer(self.store, acceptance)
         self.depositor = Depositor(self.runner, self.planner, self.store, self.hardware, self.signing_key)
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware, deadline_s, self.scope)

@@ -89,16 +89,19 @@ def inspect_state(store: StateStore, key: str) -> dict[str, Any]:
     return found
 
 
-def collect_garbage(store: StateStore, *, keep_fingerprint: str | None = None, dry_run: bool = False) -> GcReport:
+def collect_garbage(store: StateStore, *, keep_fingerprint: str | None = None, dry_run: bool = False,
+                    grace_s: float = 600.0) -> GcReport:
+    """Drop what no reader can use. Temporary files and orphan frames younger than `grace_s` may
+    belong to a write in progress (its record or rename comes last) and are kept."""
     report = GcReport(dry_run=dry_run)
     for tier in store.tiers:
         if isinstance(tier, RedisStore):
-            orphans = tier.orphan_frames()
+            orphans = tier.orphan_frames(grace_s)
             report.orphan_frames += len(orphans)
             if not dry_run:
                 tier.delete_raw(orphans)
         if isinstance(tier, DiskStore):
-            strays = tier.stray_files()
+            strays = tier.stray_files(grace_s)
             report.stray_files += len(strays)
             if not dry_run:
                 for path in strays:

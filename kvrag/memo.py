@@ -31,7 +31,7 @@ from kvrag.errors import InputError, KVRagError, VerificationError
 from kvrag.index import IndexedDoc, LexicalIndex
 from kvrag.schedule import Segment, StateRef
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS
-from kvrag.stores.deadline import Deadline, bounded
+from kvrag.stores.deadline import Deadline
 
 if TYPE_CHECKING:
     from kvrag.engine import KVEngine
@@ -100,7 +100,7 @@ class Memo:
         """The authentic entry in slot `key`, or None (absent, unreadable, not sealed with this
         engine's key for this slot, or not bound to this slot by its own fields)."""
         try:
-            body = bounded(lambda: self.engine.records.get(f"memo/{key}"), deadline, "reading a memo entry")
+            body = self.engine.records.get(f"memo/{key}", deadline)
             if body is None:
                 return None
             entry = MemoEntry.model_validate_json(body)

@@ -11,6 +11,7 @@ from typing import Iterator
 from kvrag.errors import SignatureError, StoreError
 from kvrag.signing import seal, unseal
 from kvrag.stores import BlobStore
+from kvrag.stores.deadline import Deadline
 
 __all__ = ["SealedRecords"]
 
@@ -23,10 +24,11 @@ class SealedRecords:
         self.key = key
         self.allow_unsigned = allow_unsigned or bool(getattr(store, "allow_unsigned", False))
 
-    def get(self, name: str) -> bytes | None:
-        """The body of the record in slot `name`, or None if absent, unreadable or not authentic."""
+    def get(self, name: str, deadline: Deadline | None = None) -> bytes | None:
+        """The body of the record in slot `name`, or None if absent, unreadable, not authentic, or
+        not read within `deadline`."""
         try:
-            raw = self.store.get_blob(name)
+            raw = self.store.fetch_blob(name, deadline)
             if raw is None:
                 return None
             return unseal(self.key, name, raw, allow_unsigned=self.allow_unsigned, where=getattr(self.store, "url", ""))

@@ -92,7 +92,36 @@ class Found(Generic[T]):
         return "; ".join(f"{url}: {e.reason}: {e}" for url, e in self.misses) or None
 
 
-class StateStore(ABC):
+class Guarded:
+    """A tier's breaker, and reads bounded by a question's deadline that trip it."""
+
+    url: str
+
+    @property
+    def breaker(self) -> Breaker:
+        """This tier's breaker: open after a read timed out or the tier could not be reached."""
+        if "_breaker" not in self.__dict__:
+            self.__dict__["_breaker"] = Breaker()
+        return self.__dict__["_breaker"]
+
+    def guarded(self, fn: Callable[[], T], deadline: Deadline | None, what: str) -> T:
+        """`fn()` unless the breaker is open, waited for until `deadline`; a timeout or a store
+        failure opens the breaker and is a `StoreUnavailableError`."""
+        if self.breaker.is_open:
+            raise StoreUnavailableError(f"{self.url} skipped: {self.breaker.why}")
+        if deadline is not None and deadline.expired:  # spent by other tiers: not this tier's fault
+            raise StoreUnavailableError(f"{what}: the question's {deadline.seconds:g} s for store reads was spent")
+        try:
+            return bounded(fn, deadline, what)
+        except StoreUnavailableError as e:
+            self.breaker.trip(f"timed out at {time.strftime('%H:%M:%S')}: {e}")
+            raise
+        except StoreError as e:
+            self.breaker.trip(f"failed at {time.strftime('%H:%M:%S')}: {e}")
+            raise StoreUnavailableError(str(e)) from e
+
+
+class StateStore(Guarded, ABC):
     """Where states live. A state is a manifest plus a payload under one key.
 
     `put` writes the payload first and the manifest last, so a reader that finds a manifest also
@@ -136,21 +165,11 @@ class StateStore(ABC):
         """The tiers to read, hot first: a single store is its own only tier."""
         return [self]
 
-    @property
-    def breaker(self) -> Breaker:
-        """This tier's breaker: open after a read timed out or the tier could not be reached."""
-        if "_breaker" not in self.__dict__:
-            self.__dict__["_breaker"] = Breaker()
-        return self.__dict__["_breaker"]
-
     def fetch(self, key: str, check: StateCheck[T], deadline: Deadline | None = None) -> Found[T]:
         """The state under `key` if it passes `check`, read within `deadline`; raises the
         `StateError` that says why not: an absent key is a `StateNotFoundError`; a store failure,
         a read past the deadline or an open breaker a `StoreUnavailableError`; stored bytes that
         do not parse, whatever the parser raised, an `IntegrityError`."""
-        if self.breaker.is_open:
-            raise StoreUnavailableError(f"{self.url} skipped: {self.breaker.why}")
-
         def read_and_check() -> Found[T]:
             stored = self.read(key, lambda raw: check.manifest(raw, self))
             if stored is None:
@@ -158,13 +177,7 @@ class StateStore(ABC):
             return Found(check.payload(stored.checked, stored.payload), self.url, stored)
 
         try:
-            return bounded(read_and_check, deadline, f"reading {key[:12]} from {self.url}")
-        except StoreUnavailableError as e:
-            self.breaker.trip(f"timed out {time.strftime('%H:%M:%S')}: {e}")
-            raise
-        except StoreError as e:
-            self.breaker.trip(f"failed {time.strftime('%H:%M:%S')}: {e}")
-            raise StoreUnavailableError(str(e)) from e
+            return self.guarded(read_and_check, deadline, f"reading {key[:12]} from {self.url}")
         except StateError:
             raise
         except UNTRUSTED_PARSE_ERRORS as e:
@@ -181,8 +194,12 @@ class StateStore(ABC):
         return f"{type(self).__name__}({self.url!r})"
 
 
-class BlobStore(ABC):
+class BlobStore(Guarded, ABC):
     """Small records beside the states (memo entries, LLM cache lines): plain GET/SET semantics."""
+
+    def fetch_blob(self, name: str, deadline: Deadline | None = None) -> bytes | None:
+        """`get_blob` within `deadline`, skipped while the breaker is open (`StoreUnavailableError`)."""
+        return self.guarded(lambda: self.get_blob(name), deadline, f"reading {name} from {self.url}")
 
     @abstractmethod
     def get_blob(self, name: str) -> bytes | None: ...

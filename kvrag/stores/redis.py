@@ -8,9 +8,11 @@ miss in this tier: the next tier or a text re-prefill answers instead.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import time
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -73,9 +75,15 @@ class RedisStore(StateStore, BlobStore):
         return [f"{self.prefix}:{{{key}}}:f:{record.payload_id}:{i}" for i in range(len(record.frames))]
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """One round trip; while the breaker is open (the server just timed out or failed), none."""
+        if self.breaker.is_open:
+            raise StoreError(f"{what} skipped on {self.url}: {self.breaker.why}")
         try:
             return fn(*args, **kwargs)
         except _redis_errors() as e:
+            if isinstance(e, (TimeoutError, ConnectionError, OSError)) or "Timeout" in type(e).__name__ \
+                    or "Connection" in type(e).__name__:
+                self.breaker.trip(f"{type(e).__name__} at {time.strftime('%H:%M:%S')}")
             raise StoreError(f"{what} failed on {self.url}: {type(e).__name__}: {e}") from e
 
     def get_record(self, key: str) -> FrameRecord | None:
@@ -130,7 +138,7 @@ class RedisStore(StateStore, BlobStore):
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.
-        record, frames = make_record(manifest, payload, parse_manifest(manifest).payload_chunk_bytes)
+        record, frames = make_record(manifest, payload, _chunk_bytes(manifest, self.frame_bytes))
         keys = self._fkeys(key, record)
 
         def write() -> None:
@@ -219,6 +227,15 @@ class RedisStore(StateStore, BlobStore):
             except _redis_errors():
                 pass
             self._client = None
+
+
+def _chunk_bytes(manifest: bytes, default: int) -> int:
+    """The chunk size a manifest declares (frames are its chunks); `default` if it declares none."""
+    try:
+        value = json.loads(manifest).get("payload_chunk_bytes", default)
+        return value if isinstance(value, int) and 1 <= value <= 1 << 30 else default
+    except (ValueError, AttributeError, RecursionError):
+        return default
 
 
 def _split_our_params(url: str) -> tuple[str, dict[str, str]]:

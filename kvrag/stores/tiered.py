@@ -127,17 +127,23 @@ class TieredStore(StateStore, BlobStore):
                 log.warning("cannot list %s: %s", tier.url, e)
 
     def get_blob(self, name: str) -> bytes | None:
+        return self.fetch_blob(name)
+
+    def fetch_blob(self, name: str, deadline: Deadline | None = None) -> bytes | None:
+        """The first tier's copy, each tier read within `deadline` (a tier that fails is skipped)."""
         check_blob_name(name)
         for index, tier in enumerate(self.tiers):
             try:
-                data = tier.get_blob(name)
+                data = tier.fetch_blob(name, deadline)  # type: ignore[attr-defined]
             except StoreError as e:
                 log.warning("cannot read %s from %s: %s", name, tier.url, e)
                 continue
             if data is not None:
                 for hotter in self.tiers[:index]:
+                    if hotter.breaker.is_open:
+                        continue
                     try:
-                        hotter.put_blob(name, data)
+                        hotter.put_blob(name, data)  # type: ignore[attr-defined]
                     except StoreError:
                         pass
                 return data

@@ -324,9 +324,9 @@ def test_ls_inspect_and_gc(redis_server, tmp_path):
     raw = redis_py.Redis(port=redis_server.port)
     raw.set(f"kvrag:{{{ours.key}}}:f:deadbeefdeadbeef:0", b"x")
     (tmp_path / "states" / ours.key[:2] / ".interrupted.tmp").write_bytes(b"partial")
-    dry = json.loads(runner.invoke(app, ["gc", "--store", store, "--dry-run", "--json"]).stdout)
+    dry = json.loads(runner.invoke(app, ["gc", "--store", store, "--dry-run", "--grace", "0", "--json"]).stdout)
     assert dry["orphan_frames"] == 1 and dry["stray_files"] == 1
-    done = runner.invoke(app, ["gc", "--store", store, "--other-models", "--model", "tiny-random-llama", "--json"])
+    done = runner.invoke(app, ["gc", "--store", store, "--other-models", "--model", "tiny-random-llama", "--grace", "0", "--json"])
     report = json.loads(done.stdout)
     assert report["orphan_frames"] == 1 and report["other_model_states"] == [theirs.key, theirs.key]
     assert raw.get(f"kvrag:{{{ours.key}}}:f:deadbeefdeadbeef:0") is None

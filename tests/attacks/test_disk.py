@@ -1,0 +1,65 @@
+"""The disk tier under a hostile writer of its folder: FIFOs, directories, files cut mid-read."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from ..conftest import DOC_A, QUESTION
+from .conftest import DEADLINE_S, MODEL_MARGIN_S, engine, text_logits, timed
+
+
+def _path(tmp_path, key):
+    return tmp_path / "states" / key[:2] / f"{key}.kvstate"
+
+
+def test_a_fifo_named_like_a_state_never_blocks(tmp_path):
+    victim = engine(f"disk://{tmp_path}")
+    ref = victim.deposit(DOC_A)
+    path = _path(tmp_path, ref.key)
+    path.unlink()
+    os.mkfifo(path)
+    answer, took = timed(lambda: victim.generate(QUESTION, states=[ref], max_new_tokens=1))
+    assert took < DEADLINE_S + MODEL_MARGIN_S
+    assert answer.receipt.states[0].reason == "integrity" and "regular file" in answer.receipt.states[0].detail
+    assert answer.receipt.first_token_logits_sha256 == text_logits()
+    listed = subprocess.run([sys.executable, "-m", "kvrag.cli", "ls", "--store", f"disk://{tmp_path}", "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "regular file" in listed.stdout
+
+
+def test_a_directory_named_like_a_state_is_a_miss(tmp_path):
+    victim = engine(f"disk://{tmp_path}")
+    ref = victim.deposit(DOC_A)
+    path = _path(tmp_path, ref.key)
+    path.unlink()
+    path.mkdir()
+    answer = victim.generate(QUESTION, states=[ref], max_new_tokens=1)
+    assert answer.receipt.mode == "text-prefill" and answer.receipt.states[0].reason in ("integrity", "unavailable")
+
+
+def test_a_state_truncated_and_rewritten_in_place_while_read_is_a_miss_never_sigbus(tmp_path):
+    victim = engine(f"disk://{tmp_path}")
+    ref = victim.deposit(DOC_A)
+    path = _path(tmp_path, ref.key)
+    genuine = path.read_bytes()
+    stop = threading.Event()
+
+    def rewrite_in_place():
+        while not stop.is_set():
+            with open(path, "r+b") as f:  # the same inode: what a mapping would SIGBUS on
+                f.truncate(len(genuine) // 3)
+                f.seek(0)
+                f.write(genuine)
+
+    writer = threading.Thread(target=rewrite_in_place)
+    writer.start()
+    try:
+        modes = {victim.generate(QUESTION, states=[ref], max_new_tokens=1, memo=False).receipt.first_token_logits_sha256
+                 for _ in range(30)}
+    finally:
+        stop.set()
+        writer.join()
+    assert modes == {text_logits()}  # every answer, grafted or re-read, has the text's logits

@@ -1,0 +1,61 @@
+"""A stalled or wrong Redis costs at most the deadline; then the text answers, and says so."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import redis
+
+from ..conftest import DOC_A, DOC_B, DOC_C, QUESTION
+from .conftest import DEADLINE_S, MODEL_MARGIN_S, engine, text_logits, timed
+
+
+def test_a_paused_redis_costs_at_most_the_deadline_then_its_breaker_skips_it(server, tmp_path):
+    victim = engine(f"{server.url},disk://{tmp_path}")
+    refs = victim.deposit_chain([DOC_A, DOC_B, DOC_C])
+    victim.generate(QUESTION, states=refs, max_new_tokens=1)  # warm: connections open
+    redis.Redis(port=server.port).execute_command("CLIENT", "PAUSE", 30_000, "ALL")
+    try:
+        answer, took = timed(lambda: victim.generate(QUESTION, states=refs, max_new_tokens=1, memo=False))
+        assert took < DEADLINE_S + MODEL_MARGIN_S, took
+        assert answer.receipt.timings.restore_ms < (DEADLINE_S + 0.5) * 1e3
+        reasons = [u.reason for u in answer.receipt.states]
+        assert "unavailable" in reasons or any("unavailable" in (u.detail or "") for u in answer.receipt.states)
+        assert answer.receipt.first_token_logits_sha256 == text_logits_for(refs)
+        # The breaker is open now: the next question skips Redis and grafts from disk at once.
+        again, took = timed(lambda: victim.generate(QUESTION, states=refs, max_new_tokens=1, memo=False))
+        assert took < MODEL_MARGIN_S and again.receipt.mode == "exact-graft"
+        assert all(u.tier.startswith("disk://") and "skipped" in (u.detail or "") for u in again.receipt.states)
+    finally:
+        redis.Redis(port=server.port).execute_command("CLIENT", "UNPAUSE")
+
+
+def text_logits_for(refs):
+    return engine("memory://").generate(QUESTION, states=[r.text for r in refs], max_new_tokens=1, graft=False,
+                                        memo=False).receipt.first_token_logits_sha256
+
+
+def test_rediss_pointed_at_a_plain_tcp_server_is_bounded(server):
+    victim = engine(server.url)
+    ref = victim.deposit(DOC_A)
+    tls = engine(server.url.replace("redis://", "rediss://"))
+    answer, took = timed(lambda: tls.generate(QUESTION, states=[ref], max_new_tokens=1))
+    assert took < DEADLINE_S + MODEL_MARGIN_S, took
+    assert answer.receipt.states[0].reason == "unavailable"
+    assert answer.receipt.first_token_logits_sha256 == text_logits()
+
+
+def test_a_server_that_accepts_and_never_answers_is_bounded():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held = []
+    threading.Thread(target=lambda: [held.append(listener.accept()) for _ in range(16)], daemon=True).start()
+    try:
+        victim = engine(f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
+        answer, took = timed(lambda: victim.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=1))
+        assert took < DEADLINE_S + MODEL_MARGIN_S, took
+        assert {u.reason for u in answer.receipt.states} == {"unavailable"}
+    finally:
+        listener.close()
