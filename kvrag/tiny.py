@@ -86,15 +86,10 @@ def _gpt2() -> Any:
     from transformers import GPT2Config
 
     # Absolute (learned) positions: no rotary encoding, so moving a state is never exact.
-    return GPT2Config(
-        vocab_size=VOCAB_SIZE,
-        n_positions=MAX_POSITIONS,
-        n_embd=64,
-        n_layer=3,
-        n_head=4,
-        bos_token_id=0,
-        eos_token_id=258,
-    )
+    names = {"n_positions": "max_position_embeddings", "n_embd": "hidden_size", "n_layer": "num_hidden_layers",
+             "n_head": "num_attention_heads"}
+    return GPT2Config(vocab_size=VOCAB_SIZE, bos_token_id=_COMMON["bos_token_id"], eos_token_id=_COMMON["eos_token_id"],
+                      **{gpt2: _COMMON[common] for gpt2, common in names.items()})
 
 
 TINY_FAMILIES: dict[str, Callable[[], Any]] = {

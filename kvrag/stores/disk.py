@@ -18,12 +18,14 @@ import struct
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
 
 __all__ = ["DiskStore"]
+
+T = TypeVar("T")
 
 MAGIC = b"KVRAGST1"
 SUFFIX = ".kvstate"
@@ -67,52 +69,55 @@ class DiskStore(StateStore, BlobStore):
             raise IntegrityError(f"{key[:12]} in {self.url} is not a regular file; it is never read")
         return os.fdopen(fd, "rb", buffering=0), info.st_size
 
+    def _with_file(self, key: str, read: Callable[[Any, int], T]) -> T | None:
+        """`read(file, size)` on the state's file (None if there is none); I/O errors are `StoreError`s."""
+        opened = self._open(key)
+        if opened is None:
+            return None
+        f, size = opened
+        try:
+            with f:
+                return read(f, size)
+        except OSError as e:
+            raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
+
+    def _head(self, key: str, f: Any, size: int) -> tuple[int, bytes]:
+        """The manifest's length and bytes, read from the start of an open state file."""
+        length = self._manifest_length(key, f.read(16), size)
+        manifest = f.read(length)
+        if len(manifest) != length:
+            raise IntegrityError(f"state file {key[:12]} was truncated while read")
+        return length, manifest
+
     def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
         """The manifest, checked, then the payload of the same file (one open, one `readinto`)."""
-        opened = self._open(key)
-        if opened is None:
-            return None
-        f, size = opened
-        try:
-            with f:
-                length = self._manifest_length(key, f.read(16), size)
-                manifest = f.read(length)
-                if len(manifest) != length:
-                    raise IntegrityError(f"state file {key[:12]} was truncated while read")
-                checked = check(manifest) if check else None
-                offset = _payload_offset(length)
-                payload = bytearray(size - offset)
-                f.seek(offset)
-                got = f.readinto(payload)
-                if got != len(payload):
-                    raise IntegrityError(f"state file {key[:12]} changed size while read ({got} of {len(payload)} bytes)")
-        except OSError as e:
-            raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
-        return StoredState(manifest, payload, checked)
+
+        def read(f: Any, size: int) -> StoredState:
+            length, manifest = self._head(key, f, size)
+            checked = check(manifest) if check else None
+            offset = _payload_offset(length)
+            payload = bytearray(size - offset)
+            f.seek(offset)
+            got = f.readinto(payload)
+            if got != len(payload):
+                raise IntegrityError(f"state file {key[:12]} changed size while read ({got} of {len(payload)} bytes)")
+            return StoredState(manifest, payload, checked)
+
+        return self._with_file(key, read)
 
     def read_manifest(self, key: str) -> bytes | None:
-        opened = self._open(key)
-        if opened is None:
-            return None
-        f, size = opened
-        try:
-            with f:
-                return f.read(self._manifest_length(key, f.read(16), size))
-        except OSError as e:
-            raise StoreError(f"cannot read {key[:12]} from {self.url}: {e}") from e
+        return self._with_file(key, lambda f, size: self._head(key, f, size)[1])
 
     def complete(self, key: str) -> bool:
-        opened = self._open(key)
-        if opened is None:
-            return False
-        f, size = opened
-        with f:
+        def whole(f: Any, size: int) -> bool:
             try:
-                length = self._manifest_length(key, f.read(16), size)
-                declared = int(json.loads(f.read(length)).get("payload_bytes", -1))
+                length, manifest = self._head(key, f, size)
+                declared = int(json.loads(manifest).get("payload_bytes", -1))
             except (IntegrityError, ValueError, AttributeError, TypeError, RecursionError):
                 return False
-        return size == _payload_offset(length) + declared
+            return size == _payload_offset(length) + declared
+
+        return bool(self._with_file(key, whole))
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         path = self._path(key)
