@@ -105,11 +105,13 @@ class RedisStore(StateStore, BlobStore):
         # The frame layout comes from the manifest (signed, and checked just now), never from the
         # record: a record listing anything but exactly the manifest's chunks is refused before a
         # byte is allocated.
-        layout = checked if isinstance(checked, StateManifest) else parse_manifest(manifest)
-        if (record.payload_bytes, record.frame_bytes, record.frames) != (
-            layout.payload_bytes, layout.payload_chunk_bytes, layout.payload_chunks
-        ):
-            raise IntegrityError(f"state {key[:12]}: its frame record does not list the manifest's chunks")
+        # (A raw read with no check, for tools, takes the record's layout, bounded by max_state_bytes.)
+        if check is not None:
+            layout = checked if isinstance(checked, StateManifest) else parse_manifest(manifest)
+            if (record.payload_bytes, record.frame_bytes, record.frames) != (
+                layout.payload_bytes, layout.payload_chunk_bytes, layout.payload_chunks
+            ):
+                raise IntegrityError(f"state {key[:12]}: its frame record does not list the manifest's chunks")
         keys = self._fkeys(key, record)
         assembler = Assembler(record, self.max_state_bytes)
 
