@@ -47,7 +47,7 @@ def main() -> None:
             times[index].append((time.perf_counter() - began) * 1e3)
     medians = [statistics.median(t) for t in times]
     tokens = [len(engine.layout.document_ids(t)) for t in texts]
-    print(f"| state in chain | tokens | deposit (ms) | vs first |")
+    print("| state in chain | tokens | deposit (ms) | vs first |")
     print("|---:|---:|---:|---:|")
     for index, (ms, n) in enumerate(zip(medians, tokens), 1):
         print(f"| {index} | {n} | {ms:.0f} | {ms / medians[0]:.2f}x |")

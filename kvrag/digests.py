@@ -12,9 +12,9 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-__all__ = ["CHUNK_BYTES", "chunk_digests", "VerifiedBuffer", "hash_pool"]
+__all__ = ["CHUNK_BYTES", "chunk_digests", "VerifiedBuffer", "hash_pool", "read_checked"]
 
 CHUNK_BYTES = 8 << 20
 
@@ -37,3 +37,23 @@ class VerifiedBuffer(bytearray):
 
     chunk_bytes: int = 0
     chunk_digests: Sequence[str] = ()
+
+
+def read_checked(readinto: Callable[[memoryview], int], size: int, chunk_bytes: int,
+                 digests: Sequence[str]) -> VerifiedBuffer | None:
+    """`size` bytes read chunk by chunk into one buffer, each chunk hashed on the pool while the
+    next is read. None if a read comes up short or a chunk's SHA-256 is not its digest."""
+    if -(-size // chunk_bytes) != len(digests):
+        return None
+    buffer = VerifiedBuffer(size)
+    view = memoryview(buffer)
+    checks = []
+    for index, start in enumerate(range(0, size, chunk_bytes)):
+        chunk = view[start : start + chunk_bytes]
+        if readinto(chunk) != len(chunk):
+            return None
+        checks.append(hash_pool().submit(lambda c=chunk, d=digests[index]: hashlib.sha256(c).hexdigest() == d))
+    if not all(check.result() for check in checks):
+        return None
+    buffer.chunk_bytes, buffer.chunk_digests = chunk_bytes, list(digests)
+    return buffer

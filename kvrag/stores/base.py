@@ -141,7 +141,9 @@ class StateStore(Guarded, ABC):
     @abstractmethod
     def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
         """The manifest and payload of one write, or None. `check(manifest)` runs before the payload
-        is read; what it raises propagates, what it returns is `StoredState.checked`."""
+        is read; what it raises propagates, what it returns is `StoredState.checked`. When that
+        has the manifest's layout (`payload_bytes`, `payload_chunk_bytes`, `payload_chunks`, as a
+        `StateManifest` does), the payload is read to it and checked chunk by chunk as it arrives."""
 
     @abstractmethod
     def read_manifest(self, key: str) -> bytes | None:

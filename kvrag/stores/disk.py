@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+from kvrag.digests import read_checked
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
 
@@ -96,8 +97,15 @@ class DiskStore(StateStore, BlobStore):
             length, manifest = self._head(key, f, size)
             checked = check(manifest) if check else None
             offset = _payload_offset(length)
-            payload = bytearray(size - offset)
             f.seek(offset)
+            if hasattr(checked, "payload_chunks") and checked.payload_bytes == size - offset:
+                # Each chunk is hashed against the signed manifest while the next one is read.
+                payload = read_checked(f.readinto, size - offset, checked.payload_chunk_bytes, checked.payload_chunks)
+                if payload is None:
+                    raise IntegrityError(f"state file {key[:12]}: a chunk does not match its SHA-256 or the file "
+                                         "changed while read")
+                return StoredState(manifest, payload, checked)
+            payload = bytearray(size - offset)
             got = f.readinto(payload)
             if got != len(payload):
                 raise IntegrityError(f"state file {key[:12]} changed size while read ({got} of {len(payload)} bytes)")

@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from kvrag.artifact import StateManifest, parse_manifest
+from kvrag.artifact import parse_manifest
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key, shorten
 from kvrag.stores.frames import DEFAULT_FRAME_BYTES, Assembler, FrameRecord, make_record, parse_record
@@ -107,7 +107,7 @@ class RedisStore(StateStore, BlobStore):
         # byte is allocated.
         # (A raw read with no check, for tools, takes the record's layout, bounded by max_state_bytes.)
         if check is not None:
-            layout = checked if isinstance(checked, StateManifest) else parse_manifest(manifest)
+            layout = checked if hasattr(checked, "payload_chunks") else parse_manifest(manifest)
             if (record.payload_bytes, record.frame_bytes, record.frames) != (
                 layout.payload_bytes, layout.payload_chunk_bytes, layout.payload_chunks
             ):
