@@ -164,7 +164,7 @@ def decode_payload(buffer: Any, manifest: StateManifest) -> dict[str, torch.Tens
     `buffer` is any object with the buffer protocol (bytes, bytearray, mmap, memoryview). The
     returned tensors alias it; kvrag never writes into them (a graft concatenates into new tensors).
     """
-    view = memoryview(buffer).cast("B")
+    view = buffer.view() if isinstance(buffer, VerifiedBuffer) else memoryview(buffer).cast("B")
     if len(view) != manifest.payload_bytes:
         raise IntegrityError(f"state {manifest.key[:12]}: payload is {len(view)} bytes, manifest says {manifest.payload_bytes}")
     checked = isinstance(buffer, VerifiedBuffer) and (

@@ -97,6 +97,8 @@ def verify(
     table.add_row("fresh, same schedule", f"{report.byte_exact}/{report.samples}", f"{report.kl_max:.3g}",
                   f"{report.argmax_agreement:.2%}", f"{report.max_abs_diff:.3g}")
     table.add_row("text fallback", f"{report.fallback_byte_exact}/{report.samples}", "", "", "")
+    table.add_row("chain states vs from scratch (payload SHA-256)",
+                  f"{report.chain_states_byte_exact}/{report.chain_states}", "", "", "")
     mono = report.monolithic
     table.add_row("one monolithic pass (approx.)", f"{mono.byte_exact}/{mono.samples}", f"{mono.kl_max:.3g}",
                   f"{mono.argmax_agreement:.2%}", f"{mono.max_abs_diff:.3g}")

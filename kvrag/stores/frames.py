@@ -89,7 +89,7 @@ class Assembler:
             raise IntegrityError(f"frame record claims {record.payload_bytes} bytes, over this store's limit of {max_bytes}")
         self.record = record
         self.buffer = VerifiedBuffer(record.payload_bytes)
-        self._view = memoryview(self.buffer)
+        self._view = self.buffer.view()
         self._next = 0
         self._checks: list[Future[None]] = []
 

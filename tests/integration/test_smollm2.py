@@ -19,6 +19,7 @@ def test_smollm2_verify_is_byte_exact_over_50_samples(smollm2):
     report = verify_model(smollm2, samples=50)
     assert (report.samples, report.byte_exact, report.kl_max, report.argmax_agreement) == (50, 50, 0.0, 1.0)
     assert report.fallback_byte_exact == 50
+    assert report.chain_states == report.chain_states_byte_exact == 15
 
 
 def test_smollm2_answers_from_a_graft_as_it_does_from_text(smollm2, tmp_path):

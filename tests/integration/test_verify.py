@@ -23,6 +23,8 @@ def test_verify_is_byte_exact(family, dtype, attn):
     assert report.fallback_byte_exact == 50
     assert report.monolithic.samples == 50  # measured, never asserted exact
     assert report.prompt_tokens_max > 32  # longer than gemma3's sliding window
+    # Chains deposited on grafted ancestors hold the bytes of a from-scratch computation.
+    assert report.chain_states == 15 and report.chain_states_byte_exact == 15
 
 
 def test_verify_cli_prints_one_json_object():
