@@ -19,7 +19,7 @@ import torch
 from kvrag.acceptance import Restored
 from kvrag.artifact import tensor_names
 from kvrag.errors import ForeignStateError
-from kvrag.layers import LayerCodec, SlidingWindow, StatePart
+from kvrag.layers import LayerCodec, StatePart
 from kvrag.prefill import Graft
 from kvrag.schedule import Segment
 from kvrag.stores import Found
@@ -29,10 +29,10 @@ __all__ = ["rerotation_refusal", "rope_inv_freq", "rerotate_keys", "moved_graft"
 _ROTATE_HALF_FAMILIES = {"llama", "qwen2", "mistral", "phi3"}
 
 
-def rerotation_refusal(hf_model: Any, has_sliding_layers: bool) -> str | None:
+def rerotation_refusal(hf_model: Any, has_unmovable_layers: bool) -> str | None:
     """Why this model's states cannot be moved (None when they can)."""
     config = hf_model.config.get_text_config(decoder=True)
-    if has_sliding_layers:
+    if has_unmovable_layers:
         return "states with sliding-window layers cannot be moved"
     if config.model_type not in _ROTATE_HALF_FAMILIES:
         return f"{config.model_type} states cannot be moved: absolute positions or an unsupported rotary layout"
@@ -67,7 +67,7 @@ def moved_graft(hf_model: Any, codecs: Sequence[LayerCodec], source: Found[Resto
                 segment: Segment) -> Graft:
     """`source`'s document K/V (its last `len(doc_ids)` positions) moved to `segment`'s position:
     approximate, never exact. Raises `ForeignStateError` when the model's states cannot move."""
-    refusal = rerotation_refusal(hf_model, any(isinstance(c, SlidingWindow) for c in codecs))
+    refusal = rerotation_refusal(hf_model, not all(c.movable for c in codecs))
     if refusal:
         raise ForeignStateError(refusal)
     manifest = source.value.manifest

@@ -22,6 +22,8 @@ class LayerCodec(ABC):
 
     kind: str
     window: int | None = None
+    #: whether a state's K/V of this layer can be moved to another offset (approximately, opt-in)
+    movable: bool = True
 
     @classmethod
     @abstractmethod

@@ -20,6 +20,7 @@ __all__ = ["SlidingWindow"]
 
 class SlidingWindow(LayerCodec):
     kind = "sliding"
+    movable = False  # it holds a window's tail that reaches into parent segments
 
     def __init__(self, window: int) -> None:
         self.window = window
