@@ -22,6 +22,7 @@ from kvrag.prompt import PromptLayout
 from kvrag.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.restore import Restorer
 from kvrag.runner import ModelRunner, logits_sha256
+from kvrag.sampling import Sampling
 from kvrag.schedule import Segment, StateRef
 from kvrag.stores.deadline import Deadline
 
@@ -49,6 +50,7 @@ class Continuation:
     known: Sequence[int] = ()
     memo: bool = False
     deadline: Deadline | None = None  # for every store read (default: the engine's, from the start)
+    sampling: Sampling | None = None  # greedy when None
 
     @property
     def prompt_tokens(self) -> int:
@@ -126,7 +128,8 @@ class Continuer:
         logits = run.text(c.feed)
         first_logits = logits.clone()
         limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
-        tokens = [self.runner.pick(logits)] if limit > 0 else []
+        sampler = self.runner.sampler(c.sampling)
+        tokens = [sampler.pick(logits)] if limit > 0 else []
         ttft_s = time.perf_counter() - began
 
         t = time.perf_counter()
@@ -134,7 +137,7 @@ class Continuer:
         for token in tokens:
             yield from text.push(token)
         while not text.done and len(tokens) < limit:
-            tokens.append(self.runner.pick(self.runner.forward([tokens[-1]], run.cache)))
+            tokens.append(sampler.pick(self.runner.forward([tokens[-1]], run.cache)))
             yield from text.push(tokens[-1])
         yield from text.flush()
         decode_s = time.perf_counter() - t
@@ -157,6 +160,7 @@ class Continuer:
             first_token_logits_sha256=logits_sha256(first_logits),
             model_fingerprint=self.runner.model.fingerprint.digest,
             hardware_fingerprint=self.hardware().digest,
+            sampling=sampler.sampling,
         )
         return Generation(text=text.text.strip(), tokens=list(c.known) + tokens, receipt=receipt,
                           first_token_logits=first_logits, finish_reason="stop" if text.done else "length")

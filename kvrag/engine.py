@@ -31,6 +31,7 @@ from kvrag.models import LoadedModel, load_model
 from kvrag.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
 from kvrag.restore import Restorer
 from kvrag.runner import ModelRunner, logits_sha256
+from kvrag.sampling import Sampling
 from kvrag.schedule import Planner, Segment, StateRef, key_scope
 from kvrag.records import SealedRecords
 from kvrag.signing import resolve_signing_key
@@ -53,6 +54,10 @@ class AskOptions(TypedDict, total=False):
     approximate: bool
     deposit_missing: bool
     memo: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
 
 
 class KVEngine:
@@ -205,6 +210,10 @@ class KVEngine:
         approximate: bool = False,
         deposit_missing: bool = False,
         memo: bool = True,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
     ) -> GenerationStream:
         """Answer `query` after the documents in `states`, token by token; `.generation` holds the
         result after the last delta.
@@ -217,22 +226,28 @@ class KVEngine:
         the receipt says `approximate-graft`, `exact=False`. With `deposit_missing`, the chain is
         deposited afterwards so the next identical ask grafts. With `memo` (the default), a
         recurring query with a verified memo entry for the same context is answered from it
-        (receipt `memo`). Input errors are raised here, before the first step.
+        (receipt `memo`). Decoding is greedy unless `temperature` > 0 (then `top_k`, `top_p` and
+        `seed` apply; the same seed gives the same tokens; see `kvrag.sampling`). Input errors are
+        raised here, before the first step.
         """
         if max_new_tokens < 1:
             raise InputError("max_new_tokens must be at least 1")
+        try:
+            sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        except ValueError as e:
+            raise InputError(f"bad sampling settings: {' '.join(str(e).split())[:300]}") from e
         requested = list(states or [])
         texts = [r.text if isinstance(r, StateRef) else r for r in requested]
         segments = self.plan(texts)
         question = self.planner.question(query, segments)
         self.planner.check_length((segments[-1].end if segments else 0) + len(question))
         deadline = Deadline(self.deadline_s)  # one for every store read of this question
-        if memo and graft and not approximate and not stop:
+        if memo and graft and not approximate and not stop and sampling.greedy:
             recalled = self.memo.recall(query, segments, max_new_tokens, deadline)
             if recalled is not None:
                 return recalled
         stream = self.run(Continuation(segments, question, max_new_tokens, stop or (), graft, requested, approximate,
-                                       deadline=deadline))
+                                       deadline=deadline, sampling=sampling))
         if deposit_missing and texts:
             return GenerationStream(self._then_deposit(stream, texts))
         return stream

@@ -25,6 +25,8 @@ from typing import Literal, Sequence, get_args
 
 from pydantic import BaseModel, ConfigDict
 
+from kvrag.sampling import Sampling
+
 __all__ = ["Mode", "Reason", "REASONS", "Source", "StateUse", "Timings", "Receipt", "mode_of"]
 
 Mode = Literal["exact-graft", "partial-graft", "text-prefill", "approximate-graft", "memo"]
@@ -73,6 +75,8 @@ class Receipt(BaseModel):
     first_token_logits_sha256: str
     model_fingerprint: str
     hardware_fingerprint: str
+    #: how tokens were chosen (greedy by default), with the seed actually used when sampled
+    sampling: Sampling = Sampling()
 
     @property
     def fallbacks(self) -> list[StateUse]:

@@ -14,6 +14,7 @@ import torch
 
 from kvrag.layers import LayerCodec, codecs_for, new_cache
 from kvrag.models import LoadedModel
+from kvrag.sampling import Sampler, Sampling
 
 __all__ = ["ModelRunner", "logits_sha256"]
 
@@ -47,6 +48,6 @@ class ModelRunner:
             out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
-    def pick(self, logits: torch.Tensor) -> int:
-        """Greedy choice among the ids the tokenizer has (padded vocabulary rows are never chosen)."""
-        return int(torch.argmax(logits[: min(self._vocab, logits.shape[-1])]))
+    def sampler(self, sampling: Sampling | None = None) -> Sampler:
+        """A token chooser for one generation (greedy unless `sampling` says otherwise)."""
+        return Sampler(sampling or Sampling(), self._vocab)

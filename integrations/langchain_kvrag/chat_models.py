@@ -49,8 +49,9 @@ def _split(messages: list[BaseMessage]) -> tuple[list[tuple[str, str]], str]:
 class ChatKVRAG(BaseChatModel):
     """Chat model over a `KVEngine`: documents arriving as state blocks are grafted from their
     verified states (re-read as text when a state cannot be grafted); the receipt is in
-    `response_metadata["kvrag_receipt"]`. Decoding is greedy (deterministic); `temperature`,
-    `timeout` and `max_retries` are accepted for compatibility and change nothing.
+    `response_metadata["kvrag_receipt"]`. Decoding is greedy (deterministic) unless
+    `temperature` > 0, then `top_p`, `top_k` and `seed` apply (the same seed, the same tokens);
+    each may also be given per call. `timeout` and `max_retries` are accepted for compatibility.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
@@ -63,6 +64,9 @@ class ChatKVRAG(BaseChatModel):
     max_tokens: int = 64
     stop: list[str] | None = None
     temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
     timeout: float | None = None
     max_retries: int = 0
     deposit_missing: bool = True
@@ -97,6 +101,7 @@ class ChatKVRAG(BaseChatModel):
             stop=stop if stop is not None else self.stop,
             graft=self.graft,
             deposit_missing=self.deposit_missing and self.graft,
+            **{name: kwargs.get(name, getattr(self, name)) for name in ("temperature", "top_p", "top_k", "seed")},
         )
 
     def _final(self, generation: Generation) -> tuple[UsageMetadata, dict[str, Any]]:

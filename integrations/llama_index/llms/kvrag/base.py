@@ -24,12 +24,22 @@ __all__ = ["KVRagLLM", "KVSynthesizer", "KVQueryEngine"]
 
 class KVRagLLM(CustomLLM):
     """A LlamaIndex LLM over a `KVEngine`. `complete(prompt)` answers the prompt as the question;
-    `complete(prompt, states=[...])` grafts those documents' states first. Decoding is greedy."""
+    `complete(prompt, states=[...])` grafts those documents' states first. Decoding is greedy unless
+    `temperature` > 0 (then `top_p`, `top_k` and `seed` apply)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     engine: KVEngine = Field(exclude=True)
     max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def sampling_options(self, kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """This LLM's sampling settings, each overridden by `kwargs` where given."""
+        kwargs = kwargs or {}
+        return {name: kwargs.get(name, getattr(self, name)) for name in ("temperature", "top_p", "top_k", "seed")}
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -45,12 +55,14 @@ class KVRagLLM(CustomLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        stream = self.engine.stream(prompt, states=kwargs.get("states"), max_new_tokens=self.max_new_tokens)
+        stream = self.engine.stream(prompt, states=kwargs.get("states"), max_new_tokens=self.max_new_tokens,
+                                    **self.sampling_options(kwargs))
         return CompletionResponse(text=stream.result().text, additional_kwargs=self._receipt_kwargs(stream))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        stream = self.engine.stream(prompt, states=kwargs.get("states"), max_new_tokens=self.max_new_tokens)
+        stream = self.engine.stream(prompt, states=kwargs.get("states"), max_new_tokens=self.max_new_tokens,
+                                    **self.sampling_options(kwargs))
 
         def gen() -> CompletionResponseGen:
             text = ""
@@ -81,7 +93,8 @@ class KVSynthesizer(BaseSynthesizer):
         return None
 
     def _stream(self, query: str, states: Sequence[StateRef | str]) -> Any:
-        return self._kv_llm.engine.stream(query, states=states, max_new_tokens=self._kv_llm.max_new_tokens, deposit_missing=True)
+        return self._kv_llm.engine.stream(query, states=states, max_new_tokens=self._kv_llm.max_new_tokens,
+                                          deposit_missing=True, **self._kv_llm.sampling_options())
 
     def get_response(self, query_str: str, text_chunks: Sequence[str], **kwargs: Any) -> str:
         """Strings only (LlamaIndex's own path): states are still found by content where stored."""
