@@ -100,7 +100,7 @@ class Continuer:
                     f"state {req.key[:12]} was deposited in another scope (another signing key, namespace or "
                     f"hardware) than this engine's; this engine's own state for the text: {detail}"
                 )
-            if isinstance(req, StateRef) and moved:
+            if moved:
                 reason, detail = "moved", (
                     f"state {req.key[:12]} was deposited at positions {req.start}..{req.end} after "
                     f"{'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; it is needed "
@@ -112,8 +112,8 @@ class Continuer:
                         grafted = run.graft(lambda: moved_graft(self.runner.model.hf_model, self.runner.codecs,
                                                                 self.restorer.fetch(req.key, None, deadline), doc_ids,
                                                                 segment))
-                        uses.append(StateUse(**{**span, "requested_key": req.key}, source="approximate",
-                                             tier=grafted.tier, reason=reason, detail=detail))
+                        uses.append(StateUse(**span, source="approximate", tier=grafted.tier, reason=reason,
+                                             detail=detail))
                         continue
                     except StateError as e:
                         detail += f" Not moved either: {e}"

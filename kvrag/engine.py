@@ -138,7 +138,7 @@ class KVEngine:
         return self.planner.ref(self.plan([text], after=after)[0])
 
     def deposited(self, ref: StateRef) -> bool:
-        """Whether some tier holds a manifest for `ref` (cheap: the payload is not read)."""
+        """Whether some tier holds `ref` whole, manifest and every payload part (nothing is hashed)."""
         return self.restorer.has(ref.key)
 
     def ensure(self, text: str, *, after: StateRef | None = None) -> StateRef:

@@ -41,10 +41,7 @@ class Restorer:
     def has(self, key: str) -> bool:
         """Whether some tier holds `key` whole, manifest and every part of its payload (cheap:
         nothing is hashed; a tier that fails to answer counts as not holding it)."""
-        for tier in self.store.tiers:
-            try:
-                if tier.complete(key):
-                    return True
-            except StoreError:
-                continue
-        return False
+        try:
+            return self.store.complete(key)  # a tiered store asks each tier
+        except StoreError:
+            return False

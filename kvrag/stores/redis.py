@@ -33,6 +33,13 @@ def _redis_errors() -> tuple[type[BaseException], ...]:
     return (redis.exceptions.RedisError, OSError)
 
 
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    """Failures that say the server cannot be reached in time (they open the breaker)."""
+    import redis
+
+    return (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError, OSError)
+
+
 class RedisStore(StateStore, BlobStore):
     """A tier on one Redis server or a Redis Cluster. The client is created on first use."""
 
@@ -81,8 +88,7 @@ class RedisStore(StateStore, BlobStore):
         try:
             return fn(*args, **kwargs)
         except _redis_errors() as e:
-            if isinstance(e, (TimeoutError, ConnectionError, OSError)) or "Timeout" in type(e).__name__ \
-                    or "Connection" in type(e).__name__:
+            if isinstance(e, _unreachable_errors()):
                 self.breaker.trip(f"{type(e).__name__} at {time.strftime('%H:%M:%S')}")
             raise StoreError(f"{what} failed on {self.url}: {type(e).__name__}: {e}") from e
 
