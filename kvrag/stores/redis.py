@@ -141,8 +141,10 @@ class RedisStore(StateStore, BlobStore):
         record = self.get_record(key)
         if record is None:
             return False
-        keys = self._fkeys(key, record)
-        return self._call("EXISTS", lambda: sum(self.client.exists(name) for name in keys)) == len(keys)
+        if record.payload_bytes > self.max_state_bytes:
+            return False
+        keys = self._fkeys(key, record)  # one slot (the {key} hash tag): one EXISTS, one round trip
+        return not keys or self._call("EXISTS", lambda: self.client.exists(*keys)) == len(keys)
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.
