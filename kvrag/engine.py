@@ -23,7 +23,7 @@ from kvrag.acceptance import Restored, StateAcceptance
 from kvrag.continuation import Continuation, Continuer
 from kvrag.decoding import Generation, GenerationStream
 from kvrag.deposit import CANARY_QUESTION, Depositor
-from kvrag.errors import InputError, StateError, StoreError
+from kvrag.errors import InputError, KVRagError, StateError, StoreError
 from kvrag.fingerprints import HardwareFingerprint, hardware_fingerprint
 from kvrag.layers import StatePart
 from kvrag.memo import Memo
@@ -37,11 +37,25 @@ from kvrag.records import SealedRecords
 from kvrag.signing import resolve_signing_key
 from kvrag.stores import StateStore, open_store
 from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
+from kvrag.transcript import Message, Renderer, messages_of
 
 log = logging.getLogger("kvrag")
 
-__all__ = ["KVEngine", "StateRef", "Segment", "Continuation", "Generation", "GenerationStream", "CANARY_QUESTION",
-           "logits_sha256"]
+__all__ = ["KVEngine", "StateRef", "Segment", "Message", "Continuation", "Generation", "GenerationStream",
+           "CANARY_QUESTION", "logits_sha256"]
+
+
+class ChatOptions(TypedDict, total=False):
+    """The options of `KVEngine.stream_chat` and `KVEngine.chat` (see `stream_chat`)."""
+
+    max_new_tokens: int
+    stop: Sequence[str] | None
+    graft: bool
+    deposit_missing: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
 
 
 class AskOptions(TypedDict, total=False):
@@ -95,6 +109,7 @@ class KVEngine:
             raise InputError("deadline_s must be more than 0 and at most 3600 seconds")
         self.deadline_s = deadline_s
         self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt)
+        self.renderer = Renderer(model.tokenizer)
         self.runner = ModelRunner(model)
         self.planner = Planner(self.layout, self.fingerprint, model.max_positions, model.name, self.scope)
         acceptance = StateAcceptance(model.fingerprint, self.hardware, self.runner.codecs, self.signing_key,
@@ -230,12 +245,7 @@ class KVEngine:
         `seed` apply; the same seed gives the same tokens; see `kvrag.sampling`). Input errors are
         raised here, before the first step.
         """
-        if max_new_tokens < 1:
-            raise InputError("max_new_tokens must be at least 1")
-        try:
-            sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        except ValueError as e:
-            raise InputError(f"bad sampling settings: {' '.join(str(e).split())[:300]}") from e
+        sampling = _sampling(max_new_tokens, temperature, top_p, top_k, seed)
         requested = list(states or [])
         texts = [r.text if isinstance(r, StateRef) else r for r in requested]
         segments = self.plan(texts)
@@ -252,6 +262,78 @@ class KVEngine:
             return GenerationStream(self._then_deposit(stream, texts))
         return stream
 
+    def chat(self, messages: Sequence[Message | dict[str, Any]], **options: Unpack[ChatOptions]) -> Generation:
+        """Answer a conversation; see `stream_chat`."""
+        return self.stream_chat(messages, **options).result()
+
+    def stream_chat(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        *,
+        max_new_tokens: int = 64,
+        stop: Sequence[str] | None = None,
+        graft: bool = True,
+        deposit_missing: bool = False,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+    ) -> GenerationStream:
+        """Answer a conversation as a framework formats it (OpenAI-style `{"role", "content"}`
+        messages; a completion prompt is one user message), token by token.
+
+        The messages are rendered with the model's chat template and cut where their content says
+        so (see `kvrag.transcript`): every segment a stored state covers is grafted, the rest is
+        read as text in the same segments, so the answer is the same either way. With
+        `deposit_missing`, the segments read as text are deposited afterwards, and in a
+        conversation (one that already holds an assistant turn) so are the last message and this
+        answer, so that the next turn grafts everything before its new message. The other
+        options are `stream`'s.
+        """
+        sampling = _sampling(max_new_tokens, temperature, top_p, top_k, seed)
+        checked = messages_of(messages)
+        for message in checked:
+            self.planner.check_size(message.content)
+        transcript = self.renderer.render(checked)
+        self.planner.check_length(len(transcript.ids))
+        *context, feed = self.planner.chain(transcript.pieces())
+        stream = self.run(Continuation(context, feed.ids, max_new_tokens, stop or (), graft,
+                                       deadline=Deadline(self.deadline_s), sampling=sampling))
+        if deposit_missing:
+            return GenerationStream(self._then_deposit_turn(stream, checked, context))
+        return stream
+
+    def deposit_chat(self, messages: Sequence[Message | dict[str, Any]]) -> list[StateRef]:
+        """Deposit a conversation's segments ahead of time (all of them: the next message starts a
+        new segment), so the first ask that continues it grafts them."""
+        transcript = self.renderer.render(messages_of(messages), generation_prompt=False)
+        self.planner.check_length(len(transcript.ids))
+        segments = self.planner.chain(transcript.pieces())
+        self._deposit_segments(segments)
+        return [self.planner.ref(s) for s in segments]
+
+    def _deposit_segments(self, segments: Sequence[Segment]) -> None:
+        ancestors: list[StatePart] = []
+        for segment in segments:
+            ancestors.append(self._deposited_part(segment, ancestors))
+
+    def _then_deposit_turn(self, stream: GenerationStream, messages: list[Message],
+                           context: list[Segment]) -> Iterator[str]:
+        yield from stream
+        generation = stream.result()
+        try:
+            segments = context
+            if any(m.role == "assistant" for m in messages) and generation.text:
+                answered = [*messages, Message(role="assistant", content=generation.text)]
+                following = self.planner.chain(self.renderer.render(answered, generation_prompt=False).pieces())
+                if [s.key for s in following[: len(context)]] == [s.key for s in context]:
+                    segments = following
+            if segments is not context or any(u.source != "graft" for u in generation.receipt.states):
+                self._deposit_segments(segments)
+        except KVRagError as e:  # the answer stands; the next ask re-reads the text
+            log.warning("answered, but could not deposit the conversation afterwards: %s", e)
+        return generation
+
     def run(self, continuation: Continuation) -> GenerationStream:
         """Run a continuation: its context grafted where stored, its ids fed, decoding up to N tokens."""
         return self.continuer.stream(continuation)
@@ -265,3 +347,12 @@ class KVEngine:
             except (StoreError, StateError) as e:  # the answer stands; the next ask re-reads the text
                 log.warning("answered, but could not deposit the chain afterwards: %s", e)
         return generation
+
+
+def _sampling(max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None) -> Sampling:
+    if max_new_tokens < 1:
+        raise InputError("max_new_tokens must be at least 1")
+    try:
+        return Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    except ValueError as e:
+        raise InputError(f"bad sampling settings: {' '.join(str(e).split())[:300]}") from e

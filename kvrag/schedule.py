@@ -93,6 +93,13 @@ class Planner:
             )
         return text
 
+    def chain(self, pieces: Sequence[tuple[str, Sequence[int]]]) -> list[Segment]:
+        """The segments of pieces (text, ids) read one after another from the start of a prompt."""
+        segments: list[Segment] = []
+        for text, ids in pieces:
+            segments.append(self.segment(text, ids, segments[-1] if segments else None))
+        return segments
+
     def documents(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[Segment]:
         """The segments of documents read in order, optionally after a chain."""
         self.check_after(after)
