@@ -9,7 +9,7 @@ from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr
@@ -18,6 +18,20 @@ from kvrag import Generation, KVEngine
 from kvrag.frameworks import RECEIPT_KEY, STATE_KEY, states_for
 
 __all__ = ["ChatKVRAG"]
+
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool",
+          "developer": "system"}
+
+
+def _conversation(messages: list[BaseMessage]) -> list[dict[str, str]]:
+    """LangChain messages in kvrag's (OpenAI) shape: each message's text (its text blocks joined)."""
+    converted = []
+    for message in messages:
+        role = message.role if isinstance(message, ChatMessage) else message.type
+        converted.append({"role": _ROLES.get(role, role if role in ("user", "assistant") else "user"),
+                          "content": str(message.text)})
+    return converted
 
 
 def _split(messages: list[BaseMessage]) -> tuple[list[tuple[str, str]], str]:
@@ -47,9 +61,13 @@ def _split(messages: list[BaseMessage]) -> tuple[list[tuple[str, str]], str]:
 
 
 class ChatKVRAG(BaseChatModel):
-    """Chat model over a `KVEngine`: documents arriving as state blocks are grafted from their
-    verified states (re-read as text when a state cannot be grafted); the receipt is in
-    `response_metadata["kvrag_receipt"]`. Decoding is greedy (deterministic) unless
+    """Chat model over a `KVEngine`, for any LangChain pipeline unchanged: the conversation is
+    rendered with the model's chat template and every part of it already stored as a verified
+    state is grafted (see `KVEngine.stream_chat`); what was read as text is deposited afterwards,
+    so the next prompt that begins alike (the same template over the same documents, the next turn
+    of a conversation) grafts it. Documents arriving as state blocks (`create_kv_rag_chain`) are
+    grafted from their own states instead. The receipt is in `response_metadata["kvrag_receipt"]`.
+    Decoding is greedy (deterministic) unless
     `temperature` > 0, then `top_p`, `top_k` and `seed` apply (the same seed, the same tokens);
     each may also be given per call. `timeout` and `max_retries` are accepted for compatibility.
     """
@@ -92,17 +110,18 @@ class ChatKVRAG(BaseChatModel):
         return {"model_name": engine.model.name, "model_fingerprint": engine.fingerprint, "store": engine.store.url}
 
     def _stream_answer(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
-        documents, question = _split(messages)
         engine = self._engine()
-        return engine.stream(
-            question or " ",
-            states=states_for(engine, documents),
-            max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
-            stop=stop if stop is not None else self.stop,
-            graft=self.graft,
-            deposit_missing=self.deposit_missing and self.graft,
+        options: dict[str, Any] = {
+            "max_new_tokens": int(kwargs.get("max_tokens", self.max_tokens)),
+            "stop": stop if stop is not None else self.stop,
+            "graft": self.graft,
+            "deposit_missing": self.deposit_missing and self.graft,
             **{name: kwargs.get(name, getattr(self, name)) for name in ("temperature", "top_p", "top_k", "seed")},
-        )
+        }
+        documents, question = _split(messages)
+        if documents:
+            return engine.stream(question or " ", states=states_for(engine, documents), **options)
+        return engine.stream_chat(_conversation(messages), **options)
 
     def _final(self, generation: Generation) -> tuple[UsageMetadata, dict[str, Any]]:
         receipt = generation.receipt

@@ -83,18 +83,17 @@ def test_inside_retriever_query_engine_sync_async_and_streaming(tiny_engine, nod
     assert text.strip() == str(sync) and metadata["kvrag_receipt"]["mode"] == "exact-graft"
 
 
-def test_a_plain_llm_swap_cannot_graft_and_says_so(tiny_engine, nodes):
+def test_a_plain_llm_swap_grafts_from_the_second_ask_and_says_so(tiny_engine, nodes):
     from llama_index.core import get_response_synthesizer
-
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-    from llama_index.core.instrumentation.events.llm import LLMCompletionEndEvent
+    from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
 
     receipts = []
 
     class Receipts(BaseEventHandler):
         def handle(self, event, **kwargs):
-            if isinstance(event, LLMCompletionEndEvent):
+            if isinstance(event, LLMChatEndEvent):
                 receipts.append(event.response.additional_kwargs["kvrag_receipt"])
 
     handler = Receipts()
@@ -103,17 +102,20 @@ def test_a_plain_llm_swap_cannot_graft_and_says_so(tiny_engine, nodes):
         retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=1)
         llm = KVRagLLM(engine=tiny_engine, max_new_tokens=4)
         engine = RetrieverQueryEngine(retriever=retriever, response_synthesizer=get_response_synthesizer(llm=llm))
-        engine.query(QUESTION)
+        first = engine.query(QUESTION)
+        second = engine.query(QUESTION)
     finally:
         get_dispatcher().event_handlers.remove(handler)
-    # It answers, and its receipt says nothing was grafted: a formatted prompt string carries no states.
-    assert receipts and all(r["mode"] == "text-prefill" and r["states"] == [] for r in receipts)
+    # LlamaIndex's own synthesizer hands the LLM a formatted prompt: read as text first, grafted after.
+    assert [r["mode"] for r in receipts] == ["text-prefill", "exact-graft"]
+    assert receipts[1]["first_token_logits_sha256"] == receipts[0]["first_token_logits_sha256"]
+    assert str(first) == str(second)
 
 
 @pytest.mark.slow
 def test_the_example_query_engine_grafts_and_matches_plain_text():
-    rows = load_example("llamaindex_rag").main(questions=18)
-    assert len(rows) == 18
+    rows = load_example("llamaindex_rag").main(questions=6)
+    assert len(rows) == 6
     for row in rows:
         assert row["mode"] == "exact-graft" and row["text_mode"] == "text-prefill"
         assert row["answer"] == row["text_answer"]

@@ -3,75 +3,196 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncGenerator, Generator, Sequence
+import threading
+from typing import Any, AsyncGenerator, Generator, Iterator, Sequence
 
-from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseGen, LLMMetadata
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
 from llama_index.core.base.response.schema import AsyncStreamingResponse, Response, StreamingResponse
-from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.response_synthesizers.base import BaseSynthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
-from kvrag import KVEngine, StateRef
+from kvrag import GenerationStream, KVEngine, StateRef
 from kvrag.frameworks import RECEIPT_KEY, STATE_KEY, states_for
 from llama_index.retrievers.kvrag import KVRetriever
 
 __all__ = ["KVRagLLM", "KVSynthesizer", "KVQueryEngine"]
 
 
+_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool", "function": "tool",
+          "developer": "system", "model": "assistant", "chatbot": "assistant"}
+
+
+def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """LlamaIndex chat messages in kvrag's (OpenAI) shape; the text of every text block."""
+    return [{"role": _ROLES.get(str(getattr(m.role, "value", m.role)), "user"), "content": m.content or ""}
+            for m in messages]
+
+
 class KVRagLLM(CustomLLM):
-    """A LlamaIndex LLM over a `KVEngine`. `complete(prompt)` answers the prompt as the question;
-    `complete(prompt, states=[...])` grafts those documents' states first. Decoding is greedy unless
-    `temperature` > 0 (then `top_p`, `top_k` and `seed` apply)."""
+    """A LlamaIndex LLM over a `KVEngine`, for any LlamaIndex pipeline unchanged (set it as
+    `llm=` or `Settings.llm`): each prompt or conversation is rendered with the model's chat
+    template and every part of it already stored as a verified state is grafted (see
+    `KVEngine.stream_chat`); what was read as text is deposited afterwards, so the next prompt that
+    begins alike grafts it. The receipt is in every response's `additional_kwargs["kvrag_receipt"]`.
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    Give `engine`, or `model` (and `store`, `dtype`, `attn`) to build one on first use. Decoding is
+    greedy unless `temperature` > 0 (then `top_p`, `top_k` and `seed` apply). `complete(prompt,
+    states=[...])` instead answers `prompt` as a question after those documents' states.
+    """
 
-    engine: KVEngine = Field(exclude=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    engine: KVEngine | None = Field(default=None, exclude=True)
+    model: str = "smollm2-135m"
+    store: str | None = None
+    dtype: str | None = None
+    attn: str | None = None
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    deposit_missing: bool = True
+    graft: bool = True  # False: read every prompt as text, in the same segments (plain text RAG)
+    _opened: KVEngine | None = PrivateAttr(default=None)
+    _opening: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "KVRagLLM"
+
+    def kv_engine(self) -> KVEngine:
+        """The engine: the one given, or one built on first use (once, even from several threads)."""
+        if self.engine is not None:
+            return self.engine
+        with self._opening:
+            if self._opened is None:
+                self._opened = KVEngine.open(self.model, self.store, dtype=self.dtype, attn=self.attn)
+        return self._opened
 
     def sampling_options(self, kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
         """This LLM's sampling settings, each overridden by `kwargs` where given."""
         kwargs = kwargs or {}
         return {name: kwargs.get(name, getattr(self, name)) for name in ("temperature", "top_p", "top_k", "seed")}
 
+    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {"max_new_tokens": int(kwargs.get("max_new_tokens", kwargs.get("max_tokens", self.max_new_tokens))),
+                "stop": kwargs.get("stop"), "graft": self.graft, "deposit_missing": self.deposit_missing and self.graft,
+                **self.sampling_options(kwargs)}
+
     @property
     def metadata(self) -> LLMMetadata:
+        engine = self.kv_engine()
         return LLMMetadata(
-            context_window=self.engine.model.max_positions,
+            context_window=engine.model.max_positions,
             num_output=self.max_new_tokens,
-            model_name=self.engine.model.name,
-            is_chat_model=False,
+            model_name=engine.model.name,
+            is_chat_model=True,
         )
 
-    def _receipt_kwargs(self, stream: Any) -> dict[str, Any]:
+    def _stream(self, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> GenerationStream:
+        engine = self.kv_engine()
+        states = kwargs.get("states")
+        if states is not None:  # documents handed over as states (KVSynthesizer's way)
+            options = self._options(kwargs)
+            return engine.stream(messages[-1]["content"], states=states, **options)
+        return engine.stream_chat(messages, **self._options(kwargs))
+
+    @staticmethod
+    def _receipt_kwargs(stream: GenerationStream) -> dict[str, Any]:
+        assert stream.generation is not None
         return {RECEIPT_KEY: stream.generation.receipt.model_dump(mode="json")}
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._chat(messages, kwargs)
+
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+        stream = self._stream(_messages(messages), kwargs)
+        text = stream.result().text
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
+                            additional_kwargs=self._receipt_kwargs(stream))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return self._stream_chat(messages, kwargs)
+
+    def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
+        stream = self._stream(_messages(messages), kwargs)
+
+        def gen() -> ChatResponseGen:
+            text = ""
+            for delta in stream:
+                text += delta
+                yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta)
+            assert stream.generation is not None
+            yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=stream.generation.text),
+                               delta="", additional_kwargs=self._receipt_kwargs(stream))
+
+        return gen()
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        stream = self.engine.stream(prompt, states=kwargs.get("states"), max_new_tokens=self.max_new_tokens,
-                                    **self.sampling_options(kwargs))
+        return self._complete(prompt, kwargs)
+
+    def _complete(self, prompt: str, kwargs: dict[str, Any]) -> CompletionResponse:
+        stream = self._stream([{"role": "user", "content": prompt}], kwargs)
         return CompletionResponse(text=stream.result().text, additional_kwargs=self._receipt_kwargs(stream))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        stream = self.engine.stream(prompt, states=kwargs.get("states"), max_new_tokens=self.max_new_tokens,
-                                    **self.sampling_options(kwargs))
+        return self._stream_complete(prompt, kwargs)
+
+    def _stream_complete(self, prompt: str, kwargs: dict[str, Any]) -> CompletionResponseGen:
+        stream = self._stream([{"role": "user", "content": prompt}], kwargs)
 
         def gen() -> CompletionResponseGen:
             text = ""
             for delta in stream:
                 text += delta
                 yield CompletionResponse(text=text, delta=delta)
+            assert stream.generation is not None
             yield CompletionResponse(text=stream.generation.text, delta="", additional_kwargs=self._receipt_kwargs(stream))
 
         return gen()
+
+    # The model runs on a worker thread, so the event loop stays free while it reads and decodes.
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await asyncio.to_thread(self._chat, messages, kwargs)
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return await asyncio.to_thread(self._complete, prompt, kwargs)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        return _in_thread(self._stream_chat(messages, kwargs))
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+        return _in_thread(self._stream_complete(prompt, kwargs))
+
+
+async def _in_thread(items: Iterator[Any]) -> AsyncGenerator[Any, None]:
+    done = object()
+    while (item := await asyncio.to_thread(next, items, done)) is not done:
+        yield item
 
 
 def _states(engine: KVEngine, nodes: Sequence[NodeWithScore]) -> list[StateRef | str]:
@@ -93,8 +214,8 @@ class KVSynthesizer(BaseSynthesizer):
         return None
 
     def _stream(self, query: str, states: Sequence[StateRef | str]) -> Any:
-        return self._kv_llm.engine.stream(query, states=states, max_new_tokens=self._kv_llm.max_new_tokens,
-                                          deposit_missing=True, **self._kv_llm.sampling_options())
+        return self._kv_llm.kv_engine().stream(query, states=states, max_new_tokens=self._kv_llm.max_new_tokens,
+                                               deposit_missing=True, **self._kv_llm.sampling_options())
 
     def get_response(self, query_str: str, text_chunks: Sequence[str], **kwargs: Any) -> str:
         """Strings only (LlamaIndex's own path): states are still found by content where stored."""
@@ -106,7 +227,7 @@ class KVSynthesizer(BaseSynthesizer):
     def synthesize(self, query: Any, nodes: list[NodeWithScore], additional_source_nodes: Sequence[NodeWithScore] | None = None, **kwargs: Any) -> Any:
         query_str = query.query_str if isinstance(query, QueryBundle) else str(query)
         sources = list(nodes) + list(additional_source_nodes or [])
-        stream = self._stream(query_str, _states(self._kv_llm.engine, nodes))
+        stream = self._stream(query_str, _states(self._kv_llm.kv_engine(), nodes))
         metadata: dict[str, Any] = {}
         if self._streaming:
             def gen() -> Generator[str, None, None]:
@@ -122,7 +243,7 @@ class KVSynthesizer(BaseSynthesizer):
         if not self._streaming:
             return await asyncio.to_thread(self.synthesize, query, nodes, additional_source_nodes)
         query_str = query.query_str if isinstance(query, QueryBundle) else str(query)
-        stream = self._stream(query_str, _states(self._kv_llm.engine, nodes))
+        stream = self._stream(query_str, _states(self._kv_llm.kv_engine(), nodes))
         metadata: dict[str, Any] = {}
         done = object()
 
