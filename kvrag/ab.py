@@ -175,7 +175,10 @@ def run_ab(
 
 def write_report(summary: ABSummary, folder: str | Path) -> Path:
     """`report.md` with three PNG plots beside it: TTFT by prompt length, prefill tokens, agreement."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise InputError("the A/B report's plots need matplotlib: pip install 'kvrag[report]'") from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

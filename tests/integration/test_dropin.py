@@ -232,11 +232,29 @@ def test_settings_llm_works_with_no_openai_key(smollm2, llama_receipts, monkeypa
 
 
 # ---------------------------------------------------------------- examples, in fresh processes
+INTEGRATIONS = ["langchain-kvrag", "llama-index-retrievers-kvrag", "llama-index-llms-kvrag"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The three integration distributions built and installed (not editable) into a folder of their own."""
+    target = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), *[str(ROOT / "integrations" / name) for name in INTEGRATIONS]],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return target
+
+
 @pytest.mark.parametrize("example", ["langchain_dropin", "llamaindex_dropin"])
-def test_the_dropin_examples_graft_on_the_second_ask(example):
-    code = f"import runpy; rows = runpy.run_path('examples/{example}.py')['main'](questions=1); " \
-           "assert all(r['mode'] == 'exact-graft' and r['answer'] == r['again'] for r in rows), rows"
-    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+def test_the_dropin_examples_run_on_the_installed_distributions_and_graft_on_the_second_ask(installed, example):
+    code = (
+        "import langchain_kvrag, llama_index.llms.kvrag as l, llama_index.retrievers.kvrag as r, runpy, sys; "
+        f"assert all(m.__file__.startswith({str(installed)!r}) for m in (langchain_kvrag, l, r)); "
+        f"rows = runpy.run_path('examples/{example}.py')['main'](questions=1); "
+        "assert all(r['mode'] == 'exact-graft' and r['answer'] == r['again'] for r in rows), rows"
+    )
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "PYTHONPATH": str(installed)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "asked again: exact-graft" in done.stdout
