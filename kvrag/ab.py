@@ -6,14 +6,29 @@ segments the KV arm grafts, so the two must agree exactly; a third, conventional
 whole prompt string at once and prefills it in one pass, as plain text RAG does, and is reported
 beside them (its bytes differ slightly). A KV answer that contains a gold answer is verified by
 that check and memoized; a later `recurring` variant of the question must then be a memo hit.
+
+The deposit policy says what was stored before each question, because that is what decides the
+KV arm's speed:
+
+    lazy   (default) each document deposited once, up front (its cost reported); chains form only
+           as questions arrive (`deposit_missing`), as in an application
+    warm   each question's whole retrieved chain deposited right before its KV arm: the speed a
+           user gets only when every chain is already stored
+
+The exact levers of `kvrag.reuse` are opt-in (`order="stored-first"`, `corpus_chain`,
+`warm_chains`), and so is the approximate blend (`blend`, see `kvrag.blend`, gated by
+`kvrag.gate`), whose rows are labelled `approximate-graft` and measured against the text arm. Where a lever changed the prompt (the order), the text arm reads the same prompt
+and the row also says whether the answer differs from text RAG in retrieval order.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import time
+from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel
 
@@ -21,9 +36,15 @@ from kvrag.continuation import Continuation
 from kvrag.engine import Generation, KVEngine
 from kvrag.errors import InputError
 from kvrag.index import IndexedDoc, LexicalIndex
+from kvrag.ab_report import write_report
+from kvrag.gate import kl_divergence
 from kvrag.memo import Provenance
+from kvrag.reuse import ChainWarmer, CorpusChain, stored_prefix_first
 
-__all__ = ["ABRow", "ABSummary", "load_jsonl", "run_ab", "write_report"]
+__all__ = ["ABRow", "ABSummary", "Policy", "Order", "load_jsonl", "run_ab", "write_report"]
+
+Policy = Literal["lazy", "warm"]
+Order = Literal["retrieval", "stored-first"]
 
 
 class ABRow(BaseModel):
@@ -49,6 +70,13 @@ class ABRow(BaseModel):
     logits_sha256_text: str
     logits_sha256_kv: str
     memoized: bool
+    tokens_reused_kv: int = 0
+    deposit_after_ms: float = 0.0  # the KV arm's deposit after answering (not in its TTFT)
+    deposit_before_ms: float = 0.0  # policy warm: the chain deposited right before the KV arm
+    order_changed: bool = False  # a lever reordered the retrieved documents (both arms read that order)
+    answer_changed_by_order: bool = False  # ...and text RAG in retrieval order answers differently
+    kl_vs_text: float = 0.0  # first-token KL(text arm || KV arm): zero unless the KV arm blended
+    first_token_agrees: bool = True
 
 
 class ABSummary(BaseModel):
@@ -71,6 +99,22 @@ class ABSummary(BaseModel):
     memo_hits: int
     recurring: int
     exact_rows: int
+    policy: Policy = "warm"
+    levers: list[str] = []
+    mode_mix: dict[str, int] = {}
+    ttft_ratio_by_mode: dict[str, float] = {}
+    tokens_reused_kv: int = 0
+    full_hit_rate: float = 0.0  # rows whose whole context was grafted (exact-graft or memo)
+    token_reuse_rate: float = 0.0  # KV arm tokens reused / (reused + prefilled)
+    upfront_deposit_ms: float = 0.0
+    deposit_after_ms: float = 0.0
+    deposit_before_ms: float = 0.0
+    warm_chains: int = 0
+    blend_ratio: float | None = None
+    blend_gate: dict[str, Any] | None = None  # the gate's verdict for this model and ratio
+    approximate_rows: int = 0
+    kl_mean_approximate: float = 0.0  # over approximate rows, against the exact text arm
+    argmax_agreement_approximate: float = 1.0
     rows: list[ABRow]
 
 
@@ -117,41 +161,100 @@ def run_ab(
     *,
     k: int = 1,
     max_new_tokens: int = 32,
+    policy: Policy = "lazy",
+    order: Order = "retrieval",
+    corpus_chain: bool = False,
+    warm_chains: bool = False,
+    blend: float | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ABSummary:
+    """Both arms for every question (see the module docstring for `policy` and the levers).
+
+    With `blend` (a recompute ratio), the KV arm blends documents whose chain state is missing
+    (approximate, labelled), after calibrating the model's blend gate on `docs` if it never was;
+    a refused gate leaves the KV arm exact."""
+    if policy not in ("lazy", "warm") or order not in ("retrieval", "stored-first"):
+        raise InputError("policy is lazy or warm; order is retrieval or stored-first")
     index = LexicalIndex([IndexedDoc(str(d["text"]), {"id": str(d["id"])}) for d in docs])
+    began = time.perf_counter()
+    corpus = CorpusChain(engine, [str(d["text"]) for d in docs]) if corpus_chain else None
+    if policy == "lazy" and corpus is None:
+        for d in docs:
+            engine.ensure(str(d["text"]))
+    upfront_ms = (time.perf_counter() - began) * 1e3 if policy == "lazy" or corpus is not None else 0.0
+    warmer = ChainWarmer(engine) if warm_chains else None
+    gate = None
+    if blend is not None:
+        gate = engine.gate.result(blend) or engine.gate.calibrate([str(d["text"]) for d in docs], ratio=blend)
     rows: list[ABRow] = []
     for number, q in enumerate(questions, 1):
-        question, golds = str(q["question"]), [str(a) for a in q["answers"]]
-        found = index.search(question, k)
-        texts = [d.text for d, _ in found]
-        engine.deposit_chain(texts)  # once per document set; the KV arm's states
-        text: Generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, graft=False, memo=False)
-        kv: Generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens)
-        mono = _monolithic(engine, texts, question, max_new_tokens).text
-        memoized = False
-        if kv.receipt.mode != "memo" and _hit(kv.text, golds):
-            engine.memo.memoize(question, kv, states=texts,
-                                provenance=Provenance(kind="gold", by=f"kvrag ab: answer contains a gold answer of {q['id']}"))
-            memoized = True
-        rows.append(ABRow(
-            id=str(q["id"]), question=question, answers=golds, recurring=bool(q.get("recurring")),
-            doc_ids=[d.metadata["id"] for d, _ in found],
-            prompt_tokens=text.receipt.tokens_prefilled,
-            text_answer=text.text, kv_answer=kv.text, monolithic_answer=mono,
-            text_hit=_hit(text.text, golds), kv_hit=_hit(kv.text, golds),
-            text_mode=text.receipt.mode, kv_mode=kv.receipt.mode,
-            ttft_text_ms=text.receipt.timings.ttft_ms, ttft_kv_ms=kv.receipt.timings.ttft_ms,
-            prefill_tokens_text=text.receipt.tokens_prefilled, prefill_tokens_kv=kv.receipt.tokens_prefilled,
-            decode_tokens_text=text.receipt.decode_tokens, decode_tokens_kv=kv.receipt.decode_tokens,
-            logits_sha256_text=text.receipt.first_token_logits_sha256, logits_sha256_kv=kv.receipt.first_token_logits_sha256,
-            memoized=memoized,
-        ))
+        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend))
         if progress:
             progress(number, len(questions))
+    levers = [name for name, on in (("stored-first", order == "stored-first"), ("corpus-chain", corpus is not None),
+                                    ("warm-chains", warmer is not None), (f"blend {blend}", blend is not None)) if on]
+    summary = _summary(engine, k, rows, policy, levers, upfront_ms, warmer.deposited_chains if warmer else 0)
+    approximate = [r for r in rows if r.kv_mode == "approximate-graft"]
+    return summary.model_copy(update={
+        "blend_ratio": blend, "blend_gate": gate.model_dump() if gate else None, "approximate_rows": len(approximate),
+        "kl_mean_approximate": statistics.fmean(r.kl_vs_text for r in approximate) if approximate else 0.0,
+        "argmax_agreement_approximate": statistics.fmean(r.first_token_agrees for r in approximate) if approximate else 1.0,
+    })
+
+
+def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
+         order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None) -> ABRow:
+    question, golds = str(q["question"]), [str(a) for a in q["answers"]]
+    found = index.search(question, k)
+    retrieved = corpus.texts if corpus is not None else [d.text for d, _ in found]
+    texts = stored_prefix_first(engine, retrieved) if order == "stored-first" else retrieved
+    t = time.perf_counter()
+    if policy == "warm":
+        engine.deposit_chain(texts)  # the KV arm's whole chain, stored right before it
+    deposit_before_ms = (time.perf_counter() - t) * 1e3 if policy == "warm" else 0.0
+    text = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, graft=False, memo=False)
+    changed = texts != retrieved
+    if changed:
+        in_order = engine.generate(question, states=retrieved, max_new_tokens=max_new_tokens, graft=False, memo=False)
+    t = time.perf_counter()
+    kv = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, deposit_missing=policy == "lazy",
+                         blend=blend or False)
+    deposit_after_ms = max((time.perf_counter() - t) * 1e3 - kv.receipt.timings.total_ms, 0.0)
+    if warmer is not None:
+        warmer.observe(retrieved)
+        warmer.drain()  # after the answer, before the next question: off the answer's critical path
+    mono = _monolithic(engine, texts, question, max_new_tokens).text
+    memoized = False
+    if kv.receipt.mode != "memo" and _hit(kv.text, golds):
+        engine.memo.memoize(question, kv, states=texts,
+                            provenance=Provenance(kind="gold", by=f"kvrag ab: answer contains a gold answer of {q['id']}"))
+        memoized = True
+    return ABRow(
+        id=str(q["id"]), question=question, answers=golds, recurring=bool(q.get("recurring")),
+        doc_ids=[d.metadata["id"] for d, _ in found],
+        prompt_tokens=text.receipt.tokens_prefilled,
+        text_answer=text.text, kv_answer=kv.text, monolithic_answer=mono,
+        text_hit=_hit(text.text, golds), kv_hit=_hit(kv.text, golds),
+        text_mode=text.receipt.mode, kv_mode=kv.receipt.mode,
+        ttft_text_ms=text.receipt.timings.ttft_ms, ttft_kv_ms=kv.receipt.timings.ttft_ms,
+        prefill_tokens_text=text.receipt.tokens_prefilled, prefill_tokens_kv=kv.receipt.tokens_prefilled,
+        decode_tokens_text=text.receipt.decode_tokens, decode_tokens_kv=kv.receipt.decode_tokens,
+        logits_sha256_text=text.receipt.first_token_logits_sha256, logits_sha256_kv=kv.receipt.first_token_logits_sha256,
+        memoized=memoized, tokens_reused_kv=kv.receipt.tokens_reused, deposit_after_ms=deposit_after_ms,
+        deposit_before_ms=deposit_before_ms,
+        order_changed=changed, answer_changed_by_order=changed and in_order.text != text.text,
+        kl_vs_text=kl_divergence(text.first_token_logits, kv.first_token_logits) if kv.receipt.mode != "memo" else 0.0,
+        first_token_agrees=kv.receipt.mode == "memo" or bool(text.first_token_logits.argmax() == kv.first_token_logits.argmax()),
+    )
+
+
+def _summary(engine: KVEngine, k: int, rows: list[ABRow], policy: Policy, levers: list[str], upfront_ms: float,
+             warm_chains: int) -> ABSummary:
     exact = [r for r in rows if r.kv_mode != "memo"]
     n = len(rows)
     ratio = [r.ttft_text_ms / r.ttft_kv_ms for r in rows]
+    modes = Counter(r.kv_mode for r in rows)
+    reused, prefilled = sum(r.tokens_reused_kv for r in rows), sum(r.prefill_tokens_kv for r in rows)
     return ABSummary(
         model=engine.model.name, store=engine.store.url, k=k, n=n,
         accuracy_text=sum(r.text_hit for r in rows) / n,
@@ -163,94 +266,23 @@ def run_ab(
         ttft_kv_ms_median=statistics.median(r.ttft_kv_ms for r in rows),
         ttft_ratio_median=statistics.median(ratio),
         prefill_tokens_text=sum(r.prefill_tokens_text for r in rows),
-        prefill_tokens_kv=sum(r.prefill_tokens_kv for r in rows),
+        prefill_tokens_kv=prefilled,
         decode_tokens_text=sum(r.decode_tokens_text for r in rows),
         decode_tokens_kv=sum(r.decode_tokens_kv for r in rows),
-        memo_hits=sum(r.kv_mode == "memo" for r in rows),
+        memo_hits=modes["memo"],
         recurring=sum(r.recurring for r in rows),
         exact_rows=len(exact),
+        policy=policy,
+        levers=levers,
+        mode_mix=dict(modes.most_common()),
+        ttft_ratio_by_mode={m: statistics.median(r.ttft_text_ms / r.ttft_kv_ms for r in rows if r.kv_mode == m)
+                            for m in modes},
+        tokens_reused_kv=reused,
+        full_hit_rate=(modes["exact-graft"] + modes["memo"]) / n,
+        token_reuse_rate=reused / max(reused + prefilled, 1),
+        upfront_deposit_ms=upfront_ms,
+        deposit_after_ms=sum(r.deposit_after_ms for r in rows),
+        deposit_before_ms=sum(r.deposit_before_ms for r in rows),
+        warm_chains=warm_chains,
         rows=rows,
     )
-
-
-def write_report(summary: ABSummary, folder: str | Path) -> Path:
-    """`report.md` with three PNG plots beside it: TTFT by prompt length, prefill tokens, agreement."""
-    try:
-        import matplotlib
-    except ImportError as e:
-        raise InputError("the A/B report's plots need matplotlib: pip install 'kvrag[report]'") from e
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = summary.rows
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, attr, marker in (("text RAG (re-read)", "ttft_text_ms", "o"), ("KV RAG (graft / memo)", "ttft_kv_ms", "s")):
-        ax.scatter([r.prompt_tokens for r in rows], [getattr(r, attr) for r in rows], label=label, marker=marker)
-    ax.set_xlabel("prompt tokens (documents + question)")
-    ax.set_ylabel("time to first token (ms)")
-    ax.set_yscale("log")
-    ax.set_title(f"Time to first token, {summary.model}, k={summary.k}")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(folder / "ttft_by_length.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    positions = range(len(rows))
-    ax.bar([p - 0.2 for p in positions], [r.prefill_tokens_text for r in rows], width=0.4, label="text RAG")
-    ax.bar([p + 0.2 for p in positions], [r.prefill_tokens_kv for r in rows], width=0.4, label="KV RAG")
-    ax.set_xticks(list(positions), [r.id for r in rows], rotation=60, fontsize=7)
-    ax.set_ylabel("tokens prefilled")
-    ax.set_title(f"Prefill tokens: {summary.prefill_tokens_text:,} (text) vs {summary.prefill_tokens_kv:,} (KV)")
-    ax.set_ylim(0, max([r.prefill_tokens_text for r in rows] + [1]) * 1.2)
-    ax.legend(loc="upper center", ncols=2)
-    fig.tight_layout()
-    fig.savefig(folder / "prefill_tokens.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    labels = ["accuracy\ntext", "accuracy\nKV", "answer\nagreement", "logits\nbyte-exact", "agreement vs\nmonolithic"]
-    values = [summary.accuracy_text, summary.accuracy_kv, summary.answer_agreement, summary.logits_byte_exact_rate,
-              summary.answer_agreement_monolithic]
-    bars = ax.bar(labels, values, color=["#7a9cc6", "#7a9cc6", "#5aa469", "#5aa469", "#d4a373"])
-    ax.bar_label(bars, [f"{v:.2f}" for v in values])
-    ax.set_ylim(0, 1.1)
-    ax.set_title("Agreement (exact rows) and accuracy (all rows)")
-    fig.tight_layout()
-    fig.savefig(folder / "agreement.png", dpi=120)
-    plt.close(fig)
-
-    s = summary
-    lines = [
-        f"# kvrag A/B: {s.model}, k={s.k}, store `{s.store}`",
-        "",
-        "| figure | value |", "|---|---:|",
-        f"| questions | {s.n} ({s.recurring} recurring) |",
-        f"| accuracy, text RAG / KV RAG | {s.accuracy_text:.2f} / {s.accuracy_kv:.2f} |",
-        f"| answer agreement (exact rows) | {s.answer_agreement:.2f} |",
-        f"| first-token logits byte-exact (exact rows) | {s.logits_byte_exact_rate:.2f} |",
-        f"| answer agreement with one monolithic pass | {s.answer_agreement_monolithic:.2f} |",
-        f"| median TTFT, text / KV | {s.ttft_text_ms_median:.0f} ms / {s.ttft_kv_ms_median:.0f} ms |",
-        f"| median TTFT ratio | {s.ttft_ratio_median:.1f}x |",
-        f"| prefill tokens, text / KV | {s.prefill_tokens_text:,} / {s.prefill_tokens_kv:,} |",
-        f"| decode tokens, text / KV | {s.decode_tokens_text:,} / {s.decode_tokens_kv:,} |",
-        f"| memo hits | {s.memo_hits} |",
-        "",
-        "![TTFT by prompt length](ttft_by_length.png)", "",
-        "![Prefill tokens](prefill_tokens.png)", "",
-        "![Agreement](agreement.png)", "",
-        "| id | question | KV answer | modes (text / KV) | TTFT text / KV | hit text / KV |",
-        "|---|---|---|---|---:|---|",
-    ]
-    for r in rows:
-        answer = r.kv_answer.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {r.id} | {r.question} | {answer} | {r.text_mode} / {r.kv_mode} | "
-                     f"{r.ttft_text_ms:.0f} / {r.ttft_kv_ms:.0f} ms | {r.text_hit} / {r.kv_hit} |")
-    path = folder / "report.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path

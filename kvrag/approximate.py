@@ -64,9 +64,10 @@ def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> tor
 
 
 def moved_graft(hf_model: Any, codecs: Sequence[LayerCodec], source: Found[Restored], doc_ids: Sequence[int],
-                segment: Segment) -> Graft:
+                segment: Segment, *, rerotate: bool = True) -> Graft:
     """`source`'s document K/V (its last `len(doc_ids)` positions) moved to `segment`'s position:
-    approximate, never exact. Raises `ForeignStateError` when the model's states cannot move."""
+    approximate, never exact. Raises `ForeignStateError` when the model's states cannot move.
+    `rerotate=False` leaves the keys at their old positions' rotation (worse; for measuring)."""
     refusal = rerotation_refusal(hf_model, not all(c.movable for c in codecs))
     if refusal:
         raise ForeignStateError(refusal)
@@ -82,7 +83,7 @@ def moved_graft(hf_model: Any, codecs: Sequence[LayerCodec], source: Found[Resto
     tensors = {}
     for index in range(len(codecs)):
         key_name, value_name = tensor_names(index)
-        tensors[key_name] = rerotate_keys(stored[key_name][:, :, -n:, :], delta, inv_freq)
+        tensors[key_name] = rerotate_keys(stored[key_name][:, :, -n:, :], delta if rerotate else 0, inv_freq)
         tensors[value_name] = stored[value_name][:, :, -n:, :]
     return Graft(StatePart(new_start, segment.end, manifest.layers, tensors), source.tier, source.notes,
                  segment.ids[: len(segment.ids) - n])

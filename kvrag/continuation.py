@@ -17,7 +17,7 @@ from kvrag.approximate import moved_graft
 from kvrag.decoding import Generation, GenerationStream, TextDecoder
 from kvrag.errors import StateError
 from kvrag.fingerprints import HardwareFingerprint
-from kvrag.prefill import Prefill
+from kvrag.prefill import Graft, Prefill
 from kvrag.prompt import PromptLayout
 from kvrag.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.restore import Restorer
@@ -37,7 +37,8 @@ class Continuation:
     `requested` is what the caller asked for per context segment (a ref deposited elsewhere is
     `moved`; with `approximate` it is moved there instead of re-read). `known` are answer ids
     already given (their text starts the answer; decoding continues after them). With `memo`,
-    the last context segment is a memo state that must graft, and the receipt says `memo`.
+    the last context segment is a memo state that must graft, and the receipt says `memo`. With
+    `blend` (a ratio), such a ref is moved and that share of its tokens recomputed (`kvrag.blend`).
     """
 
     context: Sequence[Segment]
@@ -51,6 +52,9 @@ class Continuation:
     memo: bool = False
     deadline: Deadline | None = None  # for every store read (default: the engine's, from the start)
     sampling: Sampling | None = None  # greedy when None
+    blend: float | None = None  # move refs deposited elsewhere and recompute this share of their tokens
+    rerotate: bool = True  # moved keys re-rotated to their new positions (False only to measure the harm)
+    notes: Sequence[str] = ()  # said in the receipt (e.g. why a blend asked for was refused)
 
     @property
     def prompt_tokens(self) -> int:
@@ -106,12 +110,20 @@ class Continuer:
                     f"{'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; it is needed "
                     f"at {segment.start}..{segment.end}. {detail}"
                 )
-                if c.approximate:
+                if c.approximate or c.blend is not None:
                     try:
                         doc_ids = self.layout.document_ids(segment.text)
-                        grafted = run.graft(lambda: moved_graft(self.runner.model.hf_model, self.runner.codecs,
-                                                                self.restorer.fetch(req.key, None, deadline), doc_ids,
-                                                                segment))
+
+                        def moved() -> Graft:
+                            return moved_graft(self.runner.model.hf_model, self.runner.codecs,
+                                               self.restorer.fetch(req.key, None, deadline), doc_ids, segment,
+                                               rerotate=c.rerotate)
+
+                        if c.blend is not None:
+                            grafted, count = run.blend(moved, doc_ids, c.blend)
+                            detail += f" Moved and blended: {count} of {len(doc_ids)} tokens recomputed."
+                        else:
+                            grafted = run.graft(moved)
                         uses.append(StateUse(**span, source="approximate", tier=grafted.tier, reason=reason,
                                              detail=detail))
                         continue
@@ -161,6 +173,8 @@ class Continuer:
             model_fingerprint=self.runner.model.fingerprint.digest,
             hardware_fingerprint=self.hardware().digest,
             sampling=sampler.sampling,
+            recompute_ratio=c.blend if any(u.source == "approximate" for u in uses) else None,
+            notes=list(c.notes),
         )
         return Generation(text=text.text.strip(), tokens=list(c.known) + tokens, receipt=receipt,
                           first_token_logits=first_logits, finish_reason="stop" if text.done else "length")

@@ -24,7 +24,9 @@ from kvrag.continuation import Continuation, Continuer
 from kvrag.decoding import Generation, GenerationStream
 from kvrag.deposit import CANARY_QUESTION, Depositor
 from kvrag.errors import InputError, KVRagError, StateError, StoreError
+from kvrag.blend import DEFAULT_RECOMPUTE_RATIO
 from kvrag.fingerprints import HardwareFingerprint, hardware_fingerprint
+from kvrag.gate import BlendGate
 from kvrag.layers import StatePart
 from kvrag.memo import Memo
 from kvrag.models import LoadedModel, load_model
@@ -119,6 +121,7 @@ class KVEngine:
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware, deadline_s, self.scope)
         self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
         self.memo = Memo(self)
+        self.gate = BlendGate(self)
 
     @classmethod
     def open(cls, model: str | LoadedModel = "smollm2-135m", store: StateStore | str | None = None, *,
@@ -229,6 +232,7 @@ class KVEngine:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int | None = None,
+        blend: bool | float = False,
     ) -> GenerationStream:
         """Answer `query` after the documents in `states`, token by token; `.generation` holds the
         result after the last delta.
@@ -241,7 +245,10 @@ class KVEngine:
         the receipt says `approximate-graft`, `exact=False`. With `deposit_missing`, the chain is
         deposited afterwards so the next identical ask grafts. With `memo` (the default), a
         recurring query with a verified memo entry for the same context is answered from it
-        (receipt `memo`). Decoding is greedy unless `temperature` > 0 (then `top_k`, `top_p` and
+        (receipt `memo`). With `blend` (True, or the share of tokens to recompute), a document
+        whose chain state is missing but whose own state is stored is moved and partly recomputed
+        (`approximate-graft`, see `kvrag.blend`), only if the gate passed this model and setting
+        (`engine.gate.calibrate()`); otherwise the answer stays exact and the receipt says why. Decoding is greedy unless `temperature` > 0 (then `top_k`, `top_p` and
         `seed` apply; the same seed gives the same tokens; see `kvrag.sampling`). Input errors are
         raised here, before the first step.
         """
@@ -252,12 +259,20 @@ class KVEngine:
         question = self.planner.question(query, segments)
         self.planner.check_length((segments[-1].end if segments else 0) + len(question))
         deadline = Deadline(self.deadline_s)  # one for every store read of this question
-        if memo and graft and not approximate and not stop and sampling.greedy:
+        ratio, notes = None, []
+        if blend and graft:
+            ratio = DEFAULT_RECOMPUTE_RATIO if blend is True else float(blend)
+            refusal = self.gate.refusal(ratio)
+            if refusal:
+                ratio, notes = None, [refusal]
+            else:  # each document's own state, wherever its chain state is missing
+                requested = [r if isinstance(r, StateRef) else self._own_ref(r) for r in requested]
+        if memo and graft and not approximate and ratio is None and not stop and sampling.greedy:
             recalled = self.memo.recall(query, segments, max_new_tokens, deadline)
             if recalled is not None:
                 return recalled
         stream = self.run(Continuation(segments, question, max_new_tokens, stop or (), graft, requested, approximate,
-                                       deadline=deadline, sampling=sampling))
+                                       deadline=deadline, sampling=sampling, blend=ratio, notes=notes))
         if deposit_missing and texts:
             return GenerationStream(self._then_deposit(stream, texts))
         return stream
@@ -333,6 +348,10 @@ class KVEngine:
         except KVRagError as e:  # the answer stands; the next ask re-reads the text
             log.warning("answered, but could not deposit the conversation afterwards: %s", e)
         return generation
+
+    def _own_ref(self, text: str) -> StateRef | str:
+        ref = self.ref(text)
+        return ref if self.deposited(ref) else text
 
     def run(self, continuation: Continuation) -> GenerationStream:
         """Run a continuation: its context grafted where stored, its ids fed, decoding up to N tokens."""

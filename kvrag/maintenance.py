@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from kvrag.artifact import decode_payload, parse_manifest
 from kvrag.errors import KVRagError, StateNotFoundError
+from kvrag.gate import GateResult
+from kvrag.records import SealedRecords
+from kvrag.signing import resolve_signing_key
 from kvrag.stores import DiskStore, RedisStore, StateStore
 
-__all__ = ["StateInfo", "GcReport", "list_states", "inspect_state", "collect_garbage"]
+__all__ = ["StateInfo", "GcReport", "list_states", "list_gates", "inspect_state", "collect_garbage"]
 
 
 class StateInfo(BaseModel):
@@ -59,6 +62,21 @@ def list_states(store: StateStore) -> Iterator[StateInfo]:
     for tier in store.tiers:
         for key in tier.keys():
             yield _info(tier, key)
+
+
+def list_gates(store: StateStore, signing_key: bytes | str | None = None) -> list[GateResult]:
+    """The blend gates' verdicts in `store` that are sealed with `signing_key` (default: this
+    user's key; see `kvrag.signing`), oldest first; others are left out."""
+    records = SealedRecords(store, resolve_signing_key(signing_key))  # type: ignore[arg-type]
+    gates = []
+    for name in records.names("gate"):
+        body = records.get(name)
+        try:
+            if body:
+                gates.append(GateResult.model_validate_json(body))
+        except ValidationError:
+            continue
+    return sorted(gates, key=lambda g: g.at)
 
 
 def inspect_state(store: StateStore, key: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from kvrag.blend import recompute, select_tokens
 from kvrag.layers import StatePart, graft
 from kvrag.runner import ModelRunner
 
@@ -64,3 +65,25 @@ class Prefill:
         self.prefill_s += time.perf_counter() - t
         self.prefilled += len(ids)
         return logits
+
+    def blend(self, fetch: Callable[[], Graft], ids: Sequence[int], ratio: float) -> tuple[Graft, int]:
+        """Graft a moved part (from `fetch()`, holding the K/V of `ids`), then recompute the `ratio` share of its tokens whose
+        K/V deviate most (see `kvrag.blend`); returns the graft and how many tokens were recomputed."""
+        t = time.perf_counter()
+        try:
+            fetched = fetch()
+        finally:
+            self.restore_s += time.perf_counter() - t
+        if fetched.text_before:
+            self.text(fetched.text_before)
+        self.flush()
+        part = fetched.part
+        t = time.perf_counter()
+        selected = select_tokens(self.runner, self.cache, ids, part.start, part, ratio)
+        self.pending.append(part)
+        self.flush()
+        recompute(self.runner, self.cache, ids, part.start, selected)
+        self.prefill_s += time.perf_counter() - t
+        self.reused += part.end - part.start - len(selected)
+        self.prefilled += len(selected)
+        return fetched, len(selected)

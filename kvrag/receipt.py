@@ -77,6 +77,10 @@ class Receipt(BaseModel):
     hardware_fingerprint: str
     #: how tokens were chosen (greedy by default), with the seed actually used when sampled
     sampling: Sampling = Sampling()
+    #: with a blend: the share of each moved document's tokens recomputed (None: no blend)
+    recompute_ratio: float | None = None
+    #: anything else the caller should know (e.g. a blend asked for and refused by the gate)
+    notes: list[str] = []
 
     @property
     def fallbacks(self) -> list[StateUse]:

@@ -10,7 +10,7 @@ runner = CliRunner()
 
 
 def test_help_shows_examples():
-    commands = [["verify"], ["demo"], ["deposit"], ["ask"], ["ab"], ["ls"], ["inspect"], ["gc"], ["library"],
+    commands = [["verify"], ["demo"], ["deposit"], ["ask"], ["ab"], ["calibrate"], ["ls"], ["inspect"], ["gc"], ["library"],
                 ["library", "add"], ["library", "solve"]]
     for command in commands:
         result = runner.invoke(app, [*command, "--help"])
