@@ -5,7 +5,7 @@ each configuration on a fresh memory store (Redis is measured in "Stores and tie
 the README's tables: receipt mode mix, whole-context hit rate, token reuse, median TTFT ratio
 overall and per mode, accuracy per arm, and the deposit cost.
 
-    python benchmarks/ab_policies.py                   # policies at k=1,3,5 and the levers at k=3
+    python benchmarks/ab_policies.py                   # policies at k=1,3,5, the levers and the blend at k=3
     python benchmarks/ab_policies.py --json out.json   # also every summary
 """
 
@@ -50,6 +50,7 @@ def main() -> None:
         ("lazy + stored-first order", {"k": k, "policy": "lazy", "order": "stored-first"}),
         ("lazy + corpus chain", {"k": k, "policy": "lazy", "corpus_chain": True}),
         ("lazy + chain warming", {"k": k, "policy": "lazy", "warm_chains": True}),
+        ("lazy + blend 0.15 (approximate)", {"k": k, "policy": "lazy", "blend": 0.15}),
     ]
     results = []
     for label, options in tqdm(runs, desc="A/B runs", unit="run"):
@@ -61,6 +62,15 @@ def main() -> None:
     print("|---|---:|---|---:|---:|---:|---|---|---:|---|")
     for label, summary in results:
         print(line(label, summary))
+    print("\n| lever (k=%d, lazy) | reordered rows | answers changed by the order | approximate rows | "
+          "answers changed by the blend | KL vs exact text arm (mean) | first-token argmax agreement | gate |" % k)
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for label, s in results[-4:]:
+        gate = s.blend_gate
+        verdict = (f"{'allowed' if gate['passed'] else 'refused'}: KL {gate['kl_mean']:.3g}, agreement "
+                   f"{gate['argmax_agreement']:.0%} on {gate['samples']}") if gate else "-"
+        print(f"| {label} | {sum(r.order_changed for r in s.rows)} | {sum(r.answer_changed_by_order for r in s.rows)} | "
+              f"{s.approximate_rows} | {sum(r.answer_changed_by_blend for r in s.rows)} | {s.kl_mean_approximate:.3g} | {s.argmax_agreement_approximate:.2f} | {verdict} |")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump([{"label": label, **s.model_dump(mode="json", exclude={"rows"})} for label, s in results], f, indent=2)

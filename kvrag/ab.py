@@ -77,6 +77,7 @@ class ABRow(BaseModel):
     answer_changed_by_order: bool = False  # ...and text RAG in retrieval order answers differently
     kl_vs_text: float = 0.0  # first-token KL(text arm || KV arm): zero unless the KV arm blended
     first_token_agrees: bool = True
+    answer_changed_by_blend: bool = False  # the KV arm blended and answers differently from the text arm
 
 
 class ABSummary(BaseModel):
@@ -245,6 +246,7 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_n
         order_changed=changed, answer_changed_by_order=changed and in_order.text != text.text,
         kl_vs_text=kl_divergence(text.first_token_logits, kv.first_token_logits) if kv.receipt.mode != "memo" else 0.0,
         first_token_agrees=kv.receipt.mode == "memo" or bool(text.first_token_logits.argmax() == kv.first_token_logits.argmax()),
+        answer_changed_by_blend=kv.receipt.mode == "approximate-graft" and kv.text != text.text,
     )
 
 

@@ -107,13 +107,16 @@ def write_report(summary: "ABSummary", folder: str | Path) -> Path:
         "![TTFT by prompt length](ttft_by_length.png)", "",
         "![Prefill tokens](prefill_tokens.png)", "",
         "![Agreement](agreement.png)", "",
-        "| id | question | KV answer | modes (text / KV) | TTFT text / KV | hit text / KV | order |",
+        "| id | question | KV answer | modes (text / KV) | TTFT text / KV | hit text / KV | levers |",
         "|---|---|---|---|---:|---|---|",
     ]
     for r in rows:
         answer = r.kv_answer.replace("|", "\\|").replace("\n", " ")
         order = ("reordered, answer differs from retrieval order" if r.answer_changed_by_order
                  else "reordered" if r.order_changed else "")
+        if r.kv_mode == "approximate-graft":
+            order += ("; " if order else "") + ("blended, answer differs from text" if r.answer_changed_by_blend
+                                                else "blended, same answer")
         lines.append(f"| {r.id} | {r.question} | {answer} | {r.text_mode} / {r.kv_mode} | "
                      f"{r.ttft_text_ms:.0f} / {r.ttft_kv_ms:.0f} ms | {r.text_hit} / {r.kv_hit} | {order} |")
     path = folder / "report.md"

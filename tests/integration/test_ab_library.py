@@ -29,7 +29,7 @@ QUESTIONS = [
 @pytest.mark.slow
 def test_ab_arms_agree_and_only_verified_answers_are_memoized(tmp_path, smollm2):
     engine = KVEngine(smollm2, MemoryStore())
-    summary = run_ab(engine, DOCS, QUESTIONS, k=2, max_new_tokens=20)
+    summary = run_ab(engine, DOCS, QUESTIONS, k=2, max_new_tokens=20, policy="warm")
     rows = {r.id: r for r in summary.rows}
     assert summary.n == 4 and summary.exact_rows == 3
     assert summary.answer_agreement == 1.0 and summary.logits_byte_exact_rate == 1.0
@@ -39,7 +39,8 @@ def test_ab_arms_agree_and_only_verified_answers_are_memoized(tmp_path, smollm2)
     assert rows["a2"].kv_mode == "memo" and rows["a2"].decode_tokens_kv <= 8 and rows["a2"].kv_answer == rows["a"].kv_answer
     assert rows["b2"].kv_mode != "memo"
     assert summary.memo_hits == 1 and summary.prefill_tokens_kv < summary.prefill_tokens_text
-    assert all(r.kv_mode in ("exact-graft", "memo") for r in summary.rows)
+    assert all(r.kv_mode in ("exact-graft", "memo") for r in summary.rows)  # warm: every chain stored first
+    assert summary.mode_mix == {"exact-graft": 3, "memo": 1} and summary.policy == "warm"
     report = write_report(summary, tmp_path / "report")
     assert report.exists() and {p.name for p in (tmp_path / "report").glob("*.png")} == {
         "ttft_by_length.png", "prefill_tokens.png", "agreement.png"}
@@ -57,9 +58,11 @@ def test_ab_cli_writes_json_and_report(tmp_path):
     questions.write_text("\n".join(json.dumps(q) for q in QUESTIONS[:2]))
     result = CliRunner().invoke(app, ["ab", "--docs", str(docs), "--questions", str(questions), "--model", "tiny-random-qwen2",
                                       "--store", "memory://", "--max-new-tokens", "6", "--json", str(tmp_path / "ab.json"),
-                                      "--report", str(tmp_path / "report")])
+                                      "--report", str(tmp_path / "report"), "--k", "2", "--order", "stored-first"])
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "ab.json").read_text())["n"] == 2
+    written = json.loads((tmp_path / "ab.json").read_text())
+    assert written["n"] == 2 and written["policy"] == "lazy" and written["levers"] == ["stored-first"]
+    assert sum(written["mode_mix"].values()) == 2 and "mode_mix" in result.output
     assert (tmp_path / "report" / "report.md").exists()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x"}\n')

@@ -122,3 +122,19 @@ def test_gpt2_and_sliding_window_models_do_not_blend():
         segments = e.plan([DOC_A, DOC_B])
         answer = e.run(Continuation(segments, e.planner.question("Who?", segments), 1, requested=roots, blend=0.15)).result()
         assert answer.receipt.exact and answer.receipt.mode == "partial-graft"
+
+
+def test_the_gate_verdict_is_shown_by_ls_and_inspect(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvrag.cli import app
+
+    store = f"disk://{tmp_path}"
+    e = KVEngine(tiny("llama"), store)
+    e.gate.calibrate([DOC_A, DOC_B, DOC_C], samples=2, max_mean_kl=10.0, min_agreement=0.0)
+    shown = json.loads(CliRunner().invoke(app, ["inspect", "gates", "--store", store]).stdout)
+    assert [(g["model"], g["model_fingerprint"], g["passed"]) for g in shown] == [("tiny-random-llama", e.fingerprint, True)]
+    listed = CliRunner().invoke(app, ["ls", "--store", store])
+    assert listed.exit_code == 0 and "blend gates" in listed.stdout and "allowed" in listed.stdout
