@@ -60,11 +60,8 @@ def select_tokens(runner: ModelRunner, context: Any, ids: Sequence[int], start: 
         layer = context.layers[index]
         scratch.update(layer.keys[:, :, :start], layer.values[:, :, :start], index)
     scratch.probe = probe
-    positions = torch.arange(start, start + len(ids), device=runner.device).unsqueeze(0)
     try:
-        with torch.inference_mode():
-            runner.model.hf_model(input_ids=torch.tensor([list(ids)], device=runner.device), position_ids=positions,
-                                  past_key_values=scratch, use_cache=True, logits_to_keep=1)
+        runner.forward_at(ids, range(start, start + len(ids)), scratch)
     except _Captured:
         pass
     assert scratch.captured is not None, "the probe layer was never reached"
@@ -97,15 +94,8 @@ def recompute(runner: ModelRunner, cache: Any, ids: Sequence[int], start: int, s
     allowed[:, end:] = chosen.unsqueeze(0) <= chosen.unsqueeze(1)
     mask = torch.zeros(1, 1, len(selected), total, dtype=dtype, device=device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    runner.forward_at([ids[i] for i in selected], chosen + start, cache, mask)
     with torch.inference_mode():
-        runner.model.hf_model(
-            input_ids=torch.tensor([[ids[i] for i in selected]], device=device),
-            position_ids=(chosen + start).unsqueeze(0),
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
         for layer in cache.layers:
             keys, values = layer.keys.clone(), layer.values.clone()
             keys[:, :, start + chosen] = keys[:, :, end:]

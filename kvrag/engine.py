@@ -1,12 +1,15 @@
 """The engine: a facade that wires the parts a query passes through.
 
     schedule (kvrag.schedule)        documents and question -> segments with content-addressed keys
+    transcript (kvrag.transcript)    or a whole formatted prompt (chat messages) -> the same, cut by
+                                     content (message ends, line ends), for drop-in pipelines
     memo (kvrag.memo)                a recurring query answered from its verified memo state
     restore (kvrag.restore)          each segment's state fetched tier by tier (kvrag.stores) and
                                      checked (kvrag.acceptance)
     continuation                     grafts (kvrag.layers, kvrag.prefill), text for the rest, the
     (kvrag.continuation)             question, decoding (kvrag.decoding) and the receipt
     deposit (kvrag.deposit)          new states, verified by a canary before they are stored
+    gate (kvrag.gate)                whether this model may blend (kvrag.blend: approximate, opt-in)
 
 The model is only ever called through `kvrag.runner.ModelRunner`.
 """

@@ -48,6 +48,18 @@ class ModelRunner:
             out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
+    def forward_at(self, ids: Sequence[int], positions: Sequence[int] | torch.Tensor, cache: Any,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed `ids` at explicit `positions` (not necessarily contiguous), optionally under a
+        prepared 4D additive `attention_mask`; the last position's logits (see `kvrag.blend`)."""
+        device = self.model.device
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=device)
+        position_ids = torch.as_tensor(positions, dtype=torch.long, device=device).reshape(1, -1)
+        with torch.inference_mode():
+            out = self.model.hf_model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                      past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
     def sampler(self, sampling: Sampling | None = None) -> Sampler:
         """A token chooser for one generation (greedy unless `sampling` says otherwise)."""
         return Sampler(sampling or Sampling(), self._vocab)
