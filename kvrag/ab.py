@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from kvrag.continuation import Continuation
 from kvrag.engine import Generation, KVEngine
-from kvrag.errors import InputError
+from kvrag.errors import InputError, VerificationError
 from kvrag.index import IndexedDoc, LexicalIndex
 from kvrag.ab_report import write_report
 from kvrag.gate import kl_divergence
@@ -226,10 +226,13 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_n
         warmer.drain()  # after the answer, before the next question: off the answer's critical path
     mono = _monolithic(engine, texts, question, max_new_tokens).text
     memoized = False
-    if kv.receipt.mode != "memo" and _hit(kv.text, golds):
-        engine.memo.memoize(question, kv, states=texts,
-                            provenance=Provenance(kind="gold", by=f"kvrag ab: answer contains a gold answer of {q['id']}"))
-        memoized = True
+    if kv.receipt.mode != "memo" and kv.receipt.exact and _hit(kv.text, golds):  # an approximate answer never is
+        try:
+            engine.memo.memoize(question, kv, states=texts,
+                                provenance=Provenance(kind="gold", by=f"kvrag ab: answer contains a gold answer of {q['id']}"))
+            memoized = True
+        except VerificationError:  # the memo state did not reproduce the answer: nothing stored, row stands
+            pass
     return ABRow(
         id=str(q["id"]), question=question, answers=golds, recurring=bool(q.get("recurring")),
         doc_ids=[d.metadata["id"] for d, _ in found],
