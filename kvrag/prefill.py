@@ -40,13 +40,7 @@ class Prefill:
 
     def graft(self, fetch: Callable[[], Graft]) -> Graft:
         """Fetch a part with `fetch()` (which raises a `StateError` to refuse it) and queue it."""
-        t = time.perf_counter()
-        try:
-            fetched = fetch()
-        finally:
-            self.restore_s += time.perf_counter() - t
-        if fetched.text_before:
-            self.text(fetched.text_before)
+        fetched = self._fetch(fetch)
         self.pending.append(fetched.part)
         self.reused += fetched.part.end - fetched.part.start
         return fetched
@@ -69,13 +63,7 @@ class Prefill:
     def blend(self, fetch: Callable[[], Graft], ids: Sequence[int], ratio: float) -> tuple[Graft, int]:
         """Graft a moved part (from `fetch()`, holding the K/V of `ids`), then recompute the `ratio` share of its tokens whose
         K/V deviate most (see `kvrag.blend`); returns the graft and how many tokens were recomputed."""
-        t = time.perf_counter()
-        try:
-            fetched = fetch()
-        finally:
-            self.restore_s += time.perf_counter() - t
-        if fetched.text_before:
-            self.text(fetched.text_before)
+        fetched = self._fetch(fetch)
         self.flush()
         part = fetched.part
         t = time.perf_counter()
@@ -87,3 +75,14 @@ class Prefill:
         self.reused += part.end - part.start - len(selected)
         self.prefilled += len(selected)
         return fetched, len(selected)
+
+    def _fetch(self, fetch: Callable[[], Graft]) -> Graft:
+        """`fetch()`, timed as restore, with any ids it needs read as text first prefilled."""
+        t = time.perf_counter()
+        try:
+            fetched = fetch()
+        finally:
+            self.restore_s += time.perf_counter() - t
+        if fetched.text_before:
+            self.text(fetched.text_before)
+        return fetched
