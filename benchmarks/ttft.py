@@ -7,6 +7,10 @@ on shared machines. Each graft is checked to give the text arm's first-token log
 
     python benchmarks/ttft.py                       # Markdown table
     python benchmarks/ttft.py --json out.json       # also the raw figures
+    python benchmarks/ttft.py --attn sdpa,eager,invariant --repeat 3   # the kernels side by side
+
+With several kernels (`--attn`), one more table compares their costs: text prefill and graft
+TTFT of each kernel against sdpa's, measured in the same process.
 """
 
 from __future__ import annotations
@@ -29,16 +33,28 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--sizes", default="500,1500,4000", help="document sizes in tokens")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--attn", default="sdpa", help="comma-separated kernels: sdpa, eager, invariant")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
-    model = load_model(args.model)
+    results = {attn: measure(args.model, attn, [int(s) for s in args.sizes.split(",")], args.repeat)
+               for attn in args.attn.split(",")}
+    for attn, rows in results.items():
+        print_table(args.model, attn, args.repeat, rows)
+    if len(results) > 1:
+        print_costs(results)
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"model": args.model, "repeat": args.repeat, "question": QUESTION, "kernels": results}, f, indent=2)
+
+
+def measure(model_name: str, attn: str, sizes: list[int], repeat: int) -> list[dict]:
+    model = load_model(model_name, attn=attn)
     memory = KVEngine(model, MemoryStore())
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         disk = KVEngine(model, DiskStore(tmp))
-        sizes = [int(s) for s in args.sizes.split(",")]
-        progress = tqdm(total=len(sizes) * (2 + 3 * args.repeat), desc="benchmark", unit="run")
+        progress = tqdm(total=len(sizes) * (2 + 3 * repeat), desc=f"benchmark ({attn})", unit="run")
         for size in sizes:
             document = long_document(model.tokenizer, size)
             refs = {"memory": memory.deposit(document), "disk": disk.deposit(document)}
@@ -46,7 +62,7 @@ def main() -> None:
             times: dict[str, list[float]] = {"text": [], "memory": [], "disk": []}
             hashes: set[str] = set()
             question_tokens = len(memory.layout.question_ids(QUESTION))
-            for _ in range(args.repeat):
+            for _ in range(repeat):
                 for arm, engine, graft in (("text", memory, False), ("memory", memory, True), ("disk", disk, True)):
                     ref = refs["disk" if arm == "disk" else "memory"]
                     generation = engine.generate(QUESTION, states=[ref], max_new_tokens=1, graft=graft)
@@ -70,8 +86,11 @@ def main() -> None:
                 }
             )
         progress.close()
+    return rows
 
-    print(f"\nTime to first token, {args.model}, float32, CPU, median of {args.repeat} runs each\n")
+
+def print_table(model_name: str, attn: str, repeat: int, rows: list[dict]) -> None:
+    print(f"\nTime to first token, {model_name}, float32, attn={attn}, CPU, median of {repeat} runs each\n")
     print("| state tokens (prompt prefix + document) | state size | text prefill | graft from memory store | graft from disk store | speed-up (memory) | speed-up (disk) | same logits |")
     print("|---:|---:|---:|---:|---:|---:|---:|:---:|")
     for r in rows:
@@ -79,9 +98,18 @@ def main() -> None:
             f"| {r['document_tokens']:,} | {r['state_mib']} MiB | {r['ttft_text_ms']:.0f} ms | {r['ttft_graft_memory_ms']:.0f} ms "
             f"| {r['ttft_graft_disk_ms']:.0f} ms | {r['speedup_memory']}x | {r['speedup_disk']}x | {'yes' if r['logits_identical'] else 'NO'} |"
         )
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"model": args.model, "repeat": args.repeat, "question": QUESTION, "rows": rows}, f, indent=2)
+
+
+def print_costs(results: dict[str, list[dict]]) -> None:
+    base = results.get("sdpa") or next(iter(results.values()))
+    print("\nKernel cost against sdpa, same process (text prefill of the whole prompt; graft + question from memory)\n")
+    print("| kernel | state tokens | text prefill | vs sdpa | graft TTFT | vs sdpa | graft speed-up over its own text prefill |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for attn, rows in results.items():
+        for r, b in zip(rows, base):
+            print(f"| {attn} | {r['document_tokens']:,} | {r['ttft_text_ms']:.0f} ms | {r['ttft_text_ms'] / b['ttft_text_ms']:.2f}x "
+                  f"| {r['ttft_graft_memory_ms']:.0f} ms | {r['ttft_graft_memory_ms'] / b['ttft_graft_memory_ms']:.2f}x "
+                  f"| {r['speedup_memory']}x |")
 
 
 def _state_bytes(engine: KVEngine, key: str) -> int:

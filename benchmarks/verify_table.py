@@ -2,6 +2,7 @@
 dtype and attention kernel, plus `smollm2-135m` in float32. Prints a Markdown table.
 
     python benchmarks/verify_table.py --samples 50 [--json out.json]
+    python benchmarks/verify_table.py --attn invariant      # only the invariant kernel's rows
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=50)
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--no-smollm2", action="store_true", help="skip the real model (about 2 minutes)")
+    parser.add_argument("--attn", default="sdpa,eager,invariant", help="comma-separated kernels")
     args = parser.parse_args()
 
-    runs = [(f"tiny-random-{f}", d, a) for f in sorted(TINY_FAMILIES) for d in ("float32", "bfloat16") for a in ("sdpa", "eager")]
+    attns = args.attn.split(",")
+    runs = [(f"tiny-random-{f}", d, a) for f in sorted(TINY_FAMILIES) for d in ("float32", "bfloat16") for a in attns]
     if not args.no_smollm2:
-        runs += [("smollm2-135m", "float32", "sdpa"), ("smollm2-135m", "float32", "eager")]
+        runs += [("smollm2-135m", "float32", a) for a in attns]
+        runs += [("smollm2-135m", "bfloat16", "invariant")] if "invariant" in attns else []
     reports = []
     for name, dtype, attn in tqdm(runs, desc="verify", unit="model"):
         reports.append(verify_model(load_model(name, dtype=dtype, attn=attn), samples=args.samples))

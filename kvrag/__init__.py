@@ -26,12 +26,16 @@ from kvrag.errors import (
     VerificationError,
 )
 from kvrag.fingerprints import HardwareFingerprint, ModelFingerprint, hardware_fingerprint
+from kvrag.invariant import register as _register_invariant
 from kvrag.models import LoadedModel, load_model
 from kvrag.receipt import Receipt, StateUse, Timings
 from kvrag.stores import BlobStore, DiskStore, MemoryStore, RedisStore, StateStore, TieredStore, open_store
 from kvrag.verify import VerifyReport, verify_model
 
 __version__ = "0.1.0"
+
+# `attn_implementation="invariant"` works in stock transformers code once kvrag is imported.
+_register_invariant()
 
 __all__ = [
     "load_model",

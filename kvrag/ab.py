@@ -2,9 +2,10 @@
 
 Both arms use the same retrieval (kvrag's lexical index, top k), the same prompt layout and greedy
 decoding. The text arm re-reads the retrieved documents as text, in the same token ids and
-segments the KV arm grafts, so the two must agree exactly; a third, conventional arm tokenizes the
-whole prompt string at once and prefills it in one pass, as plain text RAG does, and is reported
-beside them (its bytes differ slightly). A KV answer that contains a gold answer is verified by
+segments the KV arm grafts, so the two must agree exactly; a third, conventional arm is what a
+user's own pipeline runs: the whole prompt string tokenized at once and a stock greedy
+`model.generate`. Its answers and first-token logits are reported beside them: with sdpa or eager
+its bytes differ slightly, with the invariant kernel (`attn="invariant"`) they are equal. A KV answer that contains a gold answer is verified by
 that check and memoized; a later `recurring` variant of the question must then be a memo hit.
 
 The deposit policy says what was stored before each question, because that is what decides the
@@ -30,16 +31,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
+import torch
 from pydantic import BaseModel
 
-from kvrag.continuation import Continuation
-from kvrag.engine import Generation, KVEngine
+from kvrag.engine import KVEngine
 from kvrag.errors import InputError, VerificationError
 from kvrag.index import IndexedDoc, LexicalIndex
 from kvrag.ab_report import write_report
 from kvrag.gate import kl_divergence
 from kvrag.memo import Provenance
 from kvrag.reuse import ChainWarmer, CorpusChain, stored_prefix_first
+from kvrag.runner import logits_sha256
 
 __all__ = ["ABRow", "ABSummary", "Policy", "Order", "load_jsonl", "run_ab", "write_report"]
 
@@ -69,6 +71,7 @@ class ABRow(BaseModel):
     decode_tokens_kv: int
     logits_sha256_text: str
     logits_sha256_kv: str
+    logits_sha256_monolithic: str = ""  # the conventional arm's (stock `model.generate`) first token
     memoized: bool
     tokens_reused_kv: int = 0
     deposit_after_ms: float = 0.0  # the KV arm's deposit after answering (not in its TTFT)
@@ -90,6 +93,7 @@ class ABSummary(BaseModel):
     answer_agreement: float
     logits_byte_exact_rate: float
     answer_agreement_monolithic: float
+    monolithic_byte_exact_rate: float = 0.0  # exact KV rows whose first-token logits equal the stock pass's
     ttft_text_ms_median: float
     ttft_kv_ms_median: float
     ttft_ratio_median: float
@@ -146,13 +150,23 @@ def _hit(answer: str, golds: Sequence[str]) -> bool:
     return any(g.casefold() in answer.casefold() for g in golds)
 
 
-def _monolithic(engine: KVEngine, texts: list[str], question: str, max_new_tokens: int) -> Generation:
-    """The conventional arm: the whole prompt string tokenized at once, prefilled in one pass."""
+def _monolithic(engine: KVEngine, texts: list[str], question: str, max_new_tokens: int) -> tuple[str, str]:
+    """The conventional arm, as a user's own pipeline runs it: the whole prompt string tokenized at
+    once and answered by a stock greedy `model.generate`. Returns (answer, first-token logits SHA-256)."""
     segments = engine.plan(texts)
     ids = [i for s in segments for i in s.ids] + engine.planner.question(question, segments)
     tokenizer = engine.model.tokenizer
     ids = tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"]
-    return engine.run(Continuation([], ids, max_new_tokens, graft=False)).result()
+    stop = sorted(engine.layout.stop_ids)
+    unwritable = list(range(len(tokenizer), engine.runner.vocabulary))  # ids kvrag never picks either
+    with torch.inference_mode():
+        out = engine.model.hf_model.generate(
+            torch.tensor([ids], device=engine.model.device), max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=stop or None, pad_token_id=stop[0] if stop else None, suppress_tokens=unwritable or None,
+            output_logits=True,
+            return_dict_in_generate=True)
+    answer = [t for t in out.sequences[0, len(ids):].tolist() if t not in engine.layout.stop_ids]
+    return tokenizer.decode(answer, skip_special_tokens=True).strip(), logits_sha256(out.logits[0][0])
 
 
 def run_ab(
@@ -224,7 +238,7 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_n
     if warmer is not None:
         warmer.observe(retrieved)
         warmer.drain()  # after the answer, before the next question: off the answer's critical path
-    mono = _monolithic(engine, texts, question, max_new_tokens).text
+    mono, mono_sha = _monolithic(engine, texts, question, max_new_tokens)
     memoized = False
     if kv.receipt.mode != "memo" and kv.receipt.exact and _hit(kv.text, golds):  # an approximate answer never is
         try:
@@ -238,6 +252,7 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_n
         doc_ids=[d.metadata["id"] for d, _ in found],
         prompt_tokens=text.receipt.tokens_prefilled,
         text_answer=text.text, kv_answer=kv.text, monolithic_answer=mono,
+        logits_sha256_monolithic=mono_sha,
         text_hit=_hit(text.text, golds), kv_hit=_hit(kv.text, golds),
         text_mode=text.receipt.mode, kv_mode=kv.receipt.mode,
         ttft_text_ms=text.receipt.timings.ttft_ms, ttft_kv_ms=kv.receipt.timings.ttft_ms,
@@ -267,6 +282,7 @@ def _summary(engine: KVEngine, k: int, rows: list[ABRow], policy: Policy, levers
         answer_agreement=sum(r.text_answer == r.kv_answer for r in exact) / max(len(exact), 1),
         logits_byte_exact_rate=sum(r.logits_sha256_text == r.logits_sha256_kv for r in exact) / max(len(exact), 1),
         answer_agreement_monolithic=sum(r.monolithic_answer == r.kv_answer for r in exact) / max(len(exact), 1),
+        monolithic_byte_exact_rate=sum(r.logits_sha256_monolithic == r.logits_sha256_kv for r in exact) / max(len(exact), 1),
         ttft_text_ms_median=statistics.median(r.ttft_text_ms for r in rows),
         ttft_kv_ms_median=statistics.median(r.ttft_kv_ms for r in rows),
         ttft_ratio_median=statistics.median(ratio),

@@ -23,7 +23,7 @@ out = Console()
 
 MODEL = typer.Option("smollm2-135m", "--model", help="smollm2-135m, tiny-random-<family>, a folder or a HF id")
 DTYPE = typer.Option("float32", "--dtype", help="float32 or bfloat16 (states are only found by the same dtype)")
-ATTN = typer.Option("sdpa", "--attn", help="sdpa or eager (part of the model fingerprint)")
+ATTN = typer.Option("sdpa", "--attn", help="sdpa, eager or invariant (split-invariant: a graft equals one pass over the whole prompt); part of the model fingerprint")
 STORE = typer.Option(None, "--store", help="store URL, e.g. disk://./states or redis://127.0.0.1:6379/0,disk://./states "
                      "(default: disk store in the user cache)")
 

@@ -13,17 +13,21 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+from kvrag.acceptance import Restored
 from kvrag.approximate import moved_graft
 from kvrag.decoding import Generation, GenerationStream, TextDecoder
-from kvrag.errors import StateError
+from kvrag.errors import ModelError, StateError
 from kvrag.fingerprints import HardwareFingerprint
+from kvrag.layers import truncated
 from kvrag.prefill import Graft, Prefill
+from kvrag.prefixes import PrefixIndex, common_prefix
 from kvrag.prompt import PromptLayout
 from kvrag.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.restore import Restorer
 from kvrag.runner import ModelRunner, logits_sha256
 from kvrag.sampling import Sampling
 from kvrag.schedule import Segment, StateRef
+from kvrag.stores import Found
 from kvrag.stores.deadline import Deadline
 
 __all__ = ["Continuation", "Continuer"]
@@ -55,6 +59,7 @@ class Continuation:
     blend: float | None = None  # move refs deposited elsewhere and recompute this share of their tokens
     rerotate: bool = True  # moved keys re-rotated to their new positions (False only to measure the harm)
     notes: Sequence[str] = ()  # said in the receipt (e.g. why a blend asked for was refused)
+    any_boundary: bool = False  # graft the longest stored prefix first, wherever it ends (`kvrag.prefixes`)
 
     @property
     def prompt_tokens(self) -> int:
@@ -65,8 +70,10 @@ class Continuer:
     """Runs continuations for one model, store and layout."""
 
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout,
-                 hardware: Callable[[], HardwareFingerprint], deadline_s: float, scope: Callable[[], str]) -> None:
+                 hardware: Callable[[], HardwareFingerprint], deadline_s: float, scope: Callable[[], str],
+                 prefixes: PrefixIndex | None = None) -> None:
         self.runner = runner
+        self.prefixes = prefixes
         self.scope = scope
         self.restorer = restorer
         self.layout = layout
@@ -79,7 +86,17 @@ class Continuer:
     def _context(self, run: Prefill, c: Continuation) -> list[StateUse]:
         uses: list[StateUse] = []
         deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
+        covered = 0
+        if c.any_boundary and c.graft and not c.memo and self.prefixes is not None and c.context:
+            covered, uses = self._stored_prefix(run, c, deadline)
         for index, segment in enumerate(c.context):
+            if segment.end <= covered:
+                continue
+            if segment.start < covered:
+                run.text(segment.ids[covered - segment.start :])
+                uses.append(StateUse(key=segment.key, start=covered, end=segment.end, source="text", reason="missing",
+                                     detail=f"read as text from {covered}, where the longest stored prefix ends"))
+                continue
             req = c.requested[index] if c.requested else None
             # A ref made in another scope (signing key, namespace, hardware) is `foreign`; one of this
             # scope with another key was deposited at another position or after another chain: `moved`.
@@ -133,6 +150,41 @@ class Continuer:
             uses.append(StateUse(**span, source="text", reason=reason, detail=detail))  # type: ignore[arg-type]
         return uses
 
+    def _stored_prefix(self, run: Prefill, c: Continuation, deadline: Deadline) -> tuple[int, list[StateUse]]:
+        """Graft the longest stored chain the context begins with, cut where its tokens and the
+        context's part; (positions covered, their uses)."""
+        assert self.prefixes is not None
+        began = time.perf_counter()
+        ids = [t for segment in c.context for t in segment.ids]
+        hint = self.prefixes.longest(ids, deadline)
+        chain: list[Found[Restored]] = []
+        key = hint.key if hint else None
+        try:
+            while key is not None and len(chain) < len(ids):
+                chain.append(self.restorer.fetch(key, None, deadline))
+                key = chain[-1].value.manifest.parent_key
+        except StateError:
+            chain = []
+        run.restore_s += time.perf_counter() - began
+        covered, uses = 0, []
+        for found in reversed(chain):
+            manifest = found.value.manifest
+            shared = common_prefix(manifest.token_ids, ids[covered:]) if manifest.start == covered else 0
+            try:
+                part = truncated(self.runner.codecs, found.value.part, covered + shared) if shared else None
+            except ModelError:
+                part = None
+            if part is None:
+                break
+            run.graft(lambda part=part, found=found: Graft(part, found.tier, found.notes))
+            cut = f"its first {shared} of {manifest.token_count} tokens: the longest stored prefix"
+            uses.append(StateUse(key=manifest.key, start=covered, end=covered + shared, source="graft", tier=found.tier,
+                                 detail=cut if shared < manifest.token_count else found.notes))
+            covered += shared
+            if part.end < manifest.end:
+                break
+        return covered, uses
+
     def _steps(self, c: Continuation) -> Iterator[str]:
         began = time.perf_counter()
         run = Prefill(self.runner)
@@ -149,7 +201,7 @@ class Continuer:
         for token in tokens:
             yield from text.push(token)
         while not text.done and len(tokens) < limit:
-            tokens.append(sampler.pick(self.runner.forward([tokens[-1]], run.cache)))
+            tokens.append(sampler.pick(self.runner.step(tokens[-1], run.cache)))
             yield from text.push(tokens[-1])
         yield from text.flush()
         decode_s = time.perf_counter() - t

@@ -32,7 +32,9 @@ from kvrag.fingerprints import HardwareFingerprint, hardware_fingerprint
 from kvrag.gate import BlendGate
 from kvrag.layers import StatePart
 from kvrag.memo import Memo
+from kvrag.invariant import INVARIANT
 from kvrag.models import LoadedModel, load_model
+from kvrag.prefixes import PrefixIndex
 from kvrag.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
 from kvrag.restore import Restorer
 from kvrag.runner import ModelRunner, logits_sha256
@@ -121,8 +123,11 @@ class KVEngine:
                                      self.scope, self.runner.vocabulary, allow_unsigned=allow_unsigned)
         self.restorer = Restorer(self.store, acceptance)
         self.depositor = Depositor(self.runner, self.planner, self.store, self.hardware, self.signing_key)
-        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware, deadline_s, self.scope)
         self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
+        #: under the invariant kernel, states serve any prompt that begins with their tokens
+        self.prefixes = PrefixIndex(self.records, self.scope) if model.attn == INVARIANT else None
+        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.hardware, deadline_s, self.scope,
+                                   self.prefixes)
         self.memo = Memo(self)
         self.gate = BlendGate(self)
 
@@ -195,25 +200,29 @@ class KVEngine:
 
         Each new state is computed after its ancestors' grafted states: one prefill per state."""
         segments = self.plan(texts, after=after)
-        ancestors = [r.part for r in self.restorer.chain(after.key if after else None)]
-        for segment in segments:
-            ancestors.append(self._deposited_part(segment, ancestors))
+        chain = self.restorer.chain(after.key if after else None)
+        self._deposit_after(segments, [r.part for r in chain], [t for r in chain for t in r.manifest.token_ids])
         return [self.planner.ref(s) for s in segments]
 
     def deposit_segment(self, segment: Segment) -> StateRef:
         """Deposit a segment built with `planner.segment` (any ids, e.g. a memo state) after its
         stored parent chain."""
-        ancestors = [r.part for r in self.restorer.chain(segment.parent_key)]
-        self._deposited_part(segment, ancestors)
+        chain = self.restorer.chain(segment.parent_key)
+        self._deposit_after([segment], [r.part for r in chain], [t for r in chain for t in r.manifest.token_ids])
         return self.planner.ref(segment)
 
-    def _deposited_part(self, segment: Segment, ancestors: Sequence[StatePart]) -> StatePart:
-        try:
-            return self.restorer.fetch(segment.key, segment, Deadline(self.deadline_s)).value.part
-        except StateError:
-            pass
-        restored: Restored = self.depositor.deposit(segment, ancestors)
-        return restored.part
+    def _deposit_after(self, segments: Sequence[Segment], ancestors: list[StatePart], before: list[int]) -> None:
+        """Deposit `segments` in order after `ancestors` (which hold the ids `before`), each one
+        skipped if stored already; with the invariant kernel, each new one is indexed by prefix."""
+        for segment in segments:
+            try:
+                ancestors.append(self.restorer.fetch(segment.key, segment, Deadline(self.deadline_s)).value.part)
+            except StateError:
+                restored: Restored = self.depositor.deposit(segment, ancestors)
+                ancestors.append(restored.part)
+                if self.prefixes is not None:
+                    self.prefixes.record([*before, *segment.ids], segment.start, segment.key)
+            before = [*before, *segment.ids]
 
     # -------------------------------------------------------------- generate
     def generate(self, query: str, **options: Unpack[AskOptions]) -> Generation:
@@ -275,7 +284,8 @@ class KVEngine:
             if recalled is not None:
                 return recalled
         stream = self.run(Continuation(segments, question, max_new_tokens, stop or (), graft, requested, approximate,
-                                       deadline=deadline, sampling=sampling, blend=ratio, notes=notes))
+                                       deadline=deadline, sampling=sampling, blend=ratio, notes=notes,
+                                       any_boundary=not approximate and ratio is None))
         if deposit_missing and texts:
             return GenerationStream(self._then_deposit(stream, texts))
         return stream
@@ -316,7 +326,7 @@ class KVEngine:
         self.planner.check_length(len(transcript.ids))
         *context, feed = self.planner.chain(transcript.pieces())
         stream = self.run(Continuation(context, feed.ids, max_new_tokens, stop or (), graft,
-                                       deadline=Deadline(self.deadline_s), sampling=sampling))
+                                       deadline=Deadline(self.deadline_s), sampling=sampling, any_boundary=True))
         if deposit_missing:
             return GenerationStream(self._then_deposit_turn(stream, checked, context))
         return stream
@@ -331,9 +341,7 @@ class KVEngine:
         return [self.planner.ref(s) for s in segments]
 
     def _deposit_segments(self, segments: Sequence[Segment]) -> None:
-        ancestors: list[StatePart] = []
-        for segment in segments:
-            ancestors.append(self._deposited_part(segment, ancestors))
+        self._deposit_after(segments, [], [])
 
     def _then_deposit_turn(self, stream: GenerationStream, messages: list[Message],
                            context: list[Segment]) -> Iterator[str]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kvrag.errors import ModelError
+from kvrag.invariant import INVARIANT, register as register_invariant
 from kvrag.paths import kvrag_home
 from kvrag.tiny import TINY_FAMILIES, build_byte_tokenizer, build_tiny_model
 
@@ -31,7 +32,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MODELS = (SMOLLM2, *(f"tiny-random-{family}" for family in TINY_FAMILIES))
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_ATTNS = ("sdpa", "eager")
+_ATTNS = ("sdpa", "eager", INVARIANT)
 _LOADING = threading.Lock()
 
 
@@ -86,7 +87,7 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
 
     `name` is `smollm2-135m` (embedded, offline), `tiny-random-<family>` (built in memory), a local
     folder, or a Hugging Face id already in the local cache. `dtype` defaults to float32 and `attn`
-    to `sdpa`; both are part of the model fingerprint, so states made under one never graft under
+    to `sdpa` (`invariant`: see `kvrag.invariant`); both are part of the model fingerprint, so states made under one never graft under
     another.
 
         >>> model = load_model("tiny-random-llama")
@@ -96,6 +97,8 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
     attn = attn or "sdpa"
     if attn not in _ATTNS:
         raise ModelError(f"unsupported attention implementation {attn!r}; use one of {', '.join(_ATTNS)}")
+    if attn == INVARIANT:
+        register_invariant()
     if name.startswith("tiny-random-"):
         family = name.removeprefix("tiny-random-")
         hf_model = build_tiny_model(family, dtype=torch_dtype, attn=attn)

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from kvrag.invariant import INVARIANT, MIN_FORWARD_ROWS
 from kvrag.layers import LayerCodec, codecs_for, new_cache
 from kvrag.models import LoadedModel
 from kvrag.sampling import Sampler, Sampling
@@ -42,11 +43,41 @@ class ModelRunner:
         return new_cache(self.model.hf_model)
 
     def forward(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
-        """Feed `ids` in one forward call after what `cache` holds; the last position's logits."""
-        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
+        """Feed prompt `ids` in one forward call after what `cache` holds; the last position's logits.
+
+        Under the invariant kernel a read shorter than `MIN_FORWARD_ROWS` is padded with dummy
+        tokens after it (their cache entries dropped), so its rows are computed as they would be
+        in one pass over the whole prompt (see `kvrag.invariant`)."""
+        ids = list(ids)
+        padding = self._padding(len(ids))
+        if padding:
+            held = [(layer.keys, layer.values) if layer.is_initialized else None for layer in cache.layers]
+            ids = ids + [ids[-1]] * padding
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        keep = torch.tensor([len(ids) - padding - 1], device=self.model.device) if padding else 1
+        with torch.inference_mode():
+            out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        if padding:
+            held += [None] * (len(cache.layers) - len(held))  # layers a lazy cache made just now
+            for codec, layer, before in zip(self.codecs, cache.layers, held):
+                codec.unpad(layer, before, len(ids), padding)
+        return out.logits[0, -1]
+
+    def step(self, token: int, cache: Any) -> torch.Tensor:
+        """One decoding step (one row, never padded: as a stock `model.generate` decodes)."""
+        input_ids = torch.tensor([[token]], dtype=torch.long, device=self.model.device)
         with torch.inference_mode():
             out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
+
+    def _padding(self, rows: int) -> int:
+        if self.model.attn != INVARIANT or rows >= MIN_FORWARD_ROWS or rows == 0:
+            return 0
+        padding = MIN_FORWARD_ROWS - rows
+        # a sliding layer keeps window - 1 positions: the padded read must fit in it to be undone
+        if any(codec.window is not None and codec.window - 1 < MIN_FORWARD_ROWS for codec in self.codecs):
+            return 0
+        return padding
 
     def forward_at(self, ids: Sequence[int], positions: Sequence[int] | torch.Tensor, cache: Any,
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:

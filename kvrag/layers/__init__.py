@@ -26,7 +26,7 @@ from kvrag.layers.sliding import SlidingWindow
 warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
 
 __all__ = ["LayerCodec", "FullAttention", "SlidingWindow", "CODECS", "StatePart", "new_cache", "codecs_for",
-           "extract", "graft"]
+           "extract", "graft", "truncated"]
 
 CODECS: tuple[type[LayerCodec], ...] = (FullAttention, SlidingWindow)
 
@@ -84,3 +84,15 @@ def graft(codecs: Sequence[LayerCodec], cache: DynamicCache, parts: Sequence[Sta
             [p.tensors[value_name].to(device) for p in parts],
             parts[-1].end,
         )
+
+
+def truncated(codecs: Sequence[LayerCodec], part: StatePart, end: int) -> StatePart:
+    """`part` cut to positions [part.start, end): exact only under the invariant kernel, where a
+    position's K/V do not depend on what follows it. Every layer must be `truncatable`."""
+    if end == part.end:
+        return part
+    if not all(codec.truncatable for codec in codecs) or not part.start < end < part.end:
+        raise ModelError(f"cannot cut a state of {part.start}..{part.end} at {end} for this model's layers")
+    keep = end - part.start
+    tensors = {name: tensor[:, :, :keep, :] for name, tensor in part.tensors.items()}
+    return StatePart(part.start, end, part.layers, tensors)

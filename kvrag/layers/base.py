@@ -24,6 +24,8 @@ class LayerCodec(ABC):
     window: int | None = None
     #: whether a state's K/V of this layer can be moved to another offset (approximately, opt-in)
     movable: bool = True
+    #: whether the first n positions of a state of this layer are a state of its first n tokens
+    truncatable: bool = True
 
     @classmethod
     @abstractmethod
@@ -52,6 +54,11 @@ class LayerCodec(ABC):
     @abstractmethod
     def graft(self, layer: Any, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], end: int) -> None:
         """Set `layer` from consecutive parts' tensors (oldest first); the cache then ends at `end`."""
+
+    @abstractmethod
+    def unpad(self, layer: Any, held: tuple[torch.Tensor, torch.Tensor] | None, added: int, padding: int) -> None:
+        """Undo the last `padding` of the `added` positions a forward just put in `layer`, which
+        held the K/V `held` before it (None: it was empty)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(window={self.window})"

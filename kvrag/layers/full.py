@@ -47,3 +47,6 @@ class FullAttention(LayerCodec):
             pieces_k[0] if len(pieces_k) == 1 else torch.cat(pieces_k, dim=-2),
             pieces_v[0] if len(pieces_v) == 1 else torch.cat(pieces_v, dim=-2),
         )
+
+    def unpad(self, layer: Any, held: tuple[torch.Tensor, torch.Tensor] | None, added: int, padding: int) -> None:
+        layer.keys, layer.values = layer.keys[:, :, :-padding, :], layer.values[:, :, :-padding, :]

@@ -21,6 +21,7 @@ __all__ = ["SlidingWindow"]
 class SlidingWindow(LayerCodec):
     kind = "sliding"
     movable = False  # it holds a window's tail that reaches into parent segments
+    truncatable = False  # ...and only the tail at the state's end
 
     def __init__(self, window: int) -> None:
         self.window = window
@@ -40,3 +41,14 @@ class SlidingWindow(LayerCodec):
     def graft(self, layer: Any, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], end: int) -> None:
         set_layer(layer, keys[-1], values[-1])
         layer.cumulative_length = end
+
+    def unpad(self, layer: Any, held: tuple[torch.Tensor, torch.Tensor] | None, added: int, padding: int) -> None:
+        # The layer kept the last window - 1 positions, the `added` new ones among them (the
+        # runner pads only reads that fit): put back what it held plus the real new positions.
+        keep = (self.window or 1) - 1
+        new_k = layer.keys[:, :, -added:-padding, :]
+        new_v = layer.values[:, :, -added:-padding, :]
+        if held is not None:
+            new_k, new_v = torch.cat([held[0], new_k], dim=-2), torch.cat([held[1], new_v], dim=-2)
+        layer.keys, layer.values = new_k[:, :, -keep:, :], new_v[:, :, -keep:, :]
+        layer.cumulative_length -= padding

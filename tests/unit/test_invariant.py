@@ -1,0 +1,172 @@
+"""The invariant kernel: a prompt read in any split gives the bits of one stock pass over it."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvrag import KVEngine, MemoryStore
+from kvrag.invariant import MIN_FORWARD_ROWS
+from kvrag.runner import ModelRunner, logits_sha256
+
+from ..conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, tiny
+
+
+def _one_stock_pass(model, ids):
+    """What a user's own transformers code computes: one forward, no kvrag code in the way."""
+    with torch.inference_mode():
+        return model.hf_model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+
+
+def _beyond_tokenizer(model):
+    """Ids the model scores but the tokenizer cannot write: kvrag never picks them."""
+    return list(range(len(model.tokenizer), model.hf_model.get_input_embeddings().num_embeddings)) or None
+
+
+@st.composite
+def split_prompts(draw):
+    """A random prompt and random split points, some pieces only 1-9 tokens long."""
+    length = draw(st.integers(20, 200))
+    ids = draw(st.lists(st.integers(3, 255), min_size=length, max_size=length))
+    cuts = set(draw(st.lists(st.integers(1, length - 1), min_size=1, max_size=4)))
+    if draw(st.booleans()):  # a short tail, as a question after a grafted document
+        cuts.add(length - draw(st.integers(1, 9)))
+    if draw(st.booleans()):  # a short piece in the middle
+        start = draw(st.integers(1, length - 10))
+        cuts |= {start, start + draw(st.integers(1, 9))}
+    return ids, sorted(cuts)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompt=split_prompts())
+def test_any_split_equals_one_stock_pass(family, dtype, prompt):
+    ids, cuts = prompt
+    model = tiny(family, dtype, "invariant")
+    runner = ModelRunner(model)
+    cache, start = runner.new_cache(), 0
+    for end in [*cuts, len(ids)]:
+        logits = runner.forward(ids[start:end], cache)
+        start = end
+    assert cache.get_seq_length() == len(ids)
+    assert logits_sha256(logits) == logits_sha256(_one_stock_pass(model, ids))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_padded_read_leaves_the_cache_as_an_unpadded_one(family):
+    """Short reads are padded to MIN_FORWARD_ROWS rows; the dummies leave no trace in the cache."""
+    model = tiny(family, "float32", "invariant")
+    runner = ModelRunner(model)
+    ids = list(range(40, 140))
+    padded, plain = runner.new_cache(), runner.new_cache()
+    runner.forward(ids[:90], padded)
+    runner.forward(ids[90:95], padded)  # 5 rows: padded
+    runner.forward(ids[:95], plain)
+    assert 95 - 90 < MIN_FORWARD_ROWS
+    for a, b in zip(padded.layers, plain.layers):
+        assert a.keys.shape == b.keys.shape
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert a.get_seq_length() == b.get_seq_length() == 95
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
+def test_a_grafted_answer_is_the_answer_of_a_stock_generate(family):
+    model = tiny(family, "float32", "invariant")
+    engine = KVEngine(model, MemoryStore())
+    refs = engine.deposit_chain([DOC_A, DOC_B])
+    kv = engine.generate(QUESTION, states=refs, max_new_tokens=8, memo=False)
+    assert kv.receipt.mode == "exact-graft"
+    segments = engine.plan([DOC_A, DOC_B])
+    ids = [i for s in segments for i in s.ids] + engine.planner.question(QUESTION, segments)
+    with torch.inference_mode():
+        out = model.hf_model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, output_logits=True,
+                                      return_dict_in_generate=True, eos_token_id=sorted(engine.layout.stop_ids),
+                                      pad_token_id=0, suppress_tokens=_beyond_tokenizer(model))
+    stock = [t for t in out.sequences[0, len(ids):].tolist() if t not in engine.layout.stop_ids]
+    assert kv.tokens[: len(stock)] == stock
+    assert kv.receipt.first_token_logits_sha256 == logits_sha256(out.logits[0][0])
+
+
+def test_a_stock_model_can_load_the_kernel_by_name():
+    from transformers import AutoModelForCausalLM
+
+    import kvrag  # noqa: F401 - registers `invariant`
+
+    model = tiny("llama", "float32", "invariant")
+    stock = AutoModelForCausalLM.from_config(model.hf_model.config, attn_implementation="invariant")
+    stock.load_state_dict(model.hf_model.state_dict())
+    ids = list(range(30, 90))
+    with torch.inference_mode():
+        a = stock.eval()(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+    assert logits_sha256(a) == logits_sha256(_one_stock_pass(model, ids))
+
+
+SYSTEM = {"role": "system", "content": "You answer from the documents given."}
+
+
+def _prompt_ids(engine, messages):
+    return engine.renderer.render([engine_message(m) for m in messages]).ids
+
+
+def engine_message(m):
+    from kvrag.transcript import Message
+
+    return Message(**m)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_prompt_from_an_unseen_template_grafts_the_longest_stored_prefix(family):
+    """Stored: one conversation's segments. Asked: a prompt that begins with the same tokens and
+    then parts from them in the middle of a stored segment. The stored chain is grafted up to
+    that token (its last state cut there), and the logits are those of one stock pass."""
+    model = tiny(family, "float32", "invariant")
+    engine = KVEngine(model, MemoryStore())
+    stored = [SYSTEM, {"role": "user", "content": f"{DOC_A}\n{DOC_B}\nQuestion: {QUESTION}"}]
+    engine.deposit_chat(stored)
+    asked = [SYSTEM, {"role": "user", "content": f"{DOC_A}\n{DOC_B[:60]} (an edit) {DOC_B[60:]}\nBriefly: {QUESTION}"}]
+    stored_ids = engine.renderer.render([engine_message(m) for m in stored], generation_prompt=False).ids
+    ids = _prompt_ids(engine, asked)
+    shared = next(i for i, (a, b) in enumerate(zip(stored_ids, ids)) if a != b)
+
+    kv = engine.chat(asked, max_new_tokens=4)
+    segments = engine.planner.chain(engine.renderer.render([engine_message(m) for m in asked]).pieces())
+    whole_segments = sum(len(s.ids) for s in segments[:-1] if s.end <= shared)
+    assert kv.receipt.tokens_reused == shared > whole_segments  # reuse ends inside a stored segment
+    assert kv.receipt.mode == "partial-graft" and kv.receipt.exact
+    assert any("longest stored prefix" in (u.detail or "") for u in kv.receipt.states)
+    assert kv.receipt.first_token_logits_sha256 == logits_sha256(_one_stock_pass(model, ids))
+    text = engine.chat(asked, max_new_tokens=4, graft=False)
+    assert text.receipt.tokens_reused == 0 and text.tokens == kv.tokens
+
+
+def test_a_sliding_window_model_reuses_whole_stored_states_only():
+    model = tiny("gemma3", "float32", "invariant")
+    engine = KVEngine(model, MemoryStore())
+    stored = [SYSTEM, {"role": "user", "content": f"{DOC_A}\n{DOC_B}\nQuestion: {QUESTION}"}]
+    engine.deposit_chat(stored)
+    asked = [SYSTEM, {"role": "user", "content": f"{DOC_A}\n{DOC_B[:60]} (an edit) {DOC_B[60:]}\nBriefly: {QUESTION}"}]
+    kv = engine.chat(asked, max_new_tokens=4)
+    ids = _prompt_ids(engine, asked)
+    assert kv.receipt.mode == "partial-graft"
+    assert all(u.detail is None or "longest stored prefix" not in u.detail for u in kv.receipt.states)
+    assert kv.receipt.first_token_logits_sha256 == logits_sha256(_one_stock_pass(model, ids))
+
+
+def test_forged_prefix_records_graft_nothing():
+    """A record is a hint: pointing it at a state whose verified tokens differ grafts only the
+    tokens they share (here the chat template's opening), never the rest."""
+    from kvrag.prefixes import prefix_marks
+
+    model = tiny("llama", "float32", "invariant")
+    engine = KVEngine(model, MemoryStore())
+    other = engine.deposit_chain([DOC_C])[0]
+    asked = [SYSTEM, {"role": "user", "content": f"{DOC_A}\n{DOC_B}\nQuestion: {QUESTION}"}]
+    ids = _prompt_ids(engine, asked)
+    for _, name in prefix_marks(engine.scope(), ids):  # signed with the engine's own key: only the hint lies
+        engine.records.put(name, f'{{"key": "{other.key}"}}'.encode())
+    kv = engine.chat(asked, max_new_tokens=4)
+    other_ids = engine.plan([DOC_C])[0].ids
+    shared = next(i for i, (a, b) in enumerate(zip(other_ids, ids)) if a != b)
+    assert shared < 30 and kv.receipt.tokens_reused == shared
+    assert kv.receipt.first_token_logits_sha256 == logits_sha256(_one_stock_pass(model, ids))
