@@ -18,7 +18,7 @@ from kvrag.approximate import moved_graft
 from kvrag.decoding import Generation, GenerationStream, TextDecoder
 from kvrag.errors import ModelError, StateError
 from kvrag.fingerprints import HardwareFingerprint
-from kvrag.layers import truncated
+from kvrag.layers import StatePart, truncated
 from kvrag.prefill import Graft, Prefill
 from kvrag.prefixes import PrefixIndex, common_prefix
 from kvrag.prompt import PromptLayout
@@ -88,7 +88,9 @@ class Continuer:
         deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
         covered = 0
         if c.any_boundary and c.graft and not c.memo and self.prefixes is not None and c.context:
-            covered, uses = self._stored_prefix(run, c, deadline)
+            own = self._own_stored_run(c.context)
+            if own < c.context[-1].end:  # the context's own states do not cover it: look further
+                covered, uses = self._stored_prefix(run, c, deadline, better_than=own)
         for index, segment in enumerate(c.context):
             if segment.end <= covered:
                 continue
@@ -150,23 +152,33 @@ class Continuer:
             uses.append(StateUse(**span, source="text", reason=reason, detail=detail))  # type: ignore[arg-type]
         return uses
 
-    def _stored_prefix(self, run: Prefill, c: Continuation, deadline: Deadline) -> tuple[int, list[StateUse]]:
+    def _own_stored_run(self, context: Sequence[Segment]) -> int:
+        """Where the run of the context's own stored states from the start ends (cheap: no hashing)."""
+        end = 0
+        for segment in context:
+            if not self.restorer.has(segment.key):
+                break
+            end = segment.end
+        return end
+
+    def _stored_prefix(self, run: Prefill, c: Continuation, deadline: Deadline, *,
+                       better_than: int) -> tuple[int, list[StateUse]]:
         """Graft the longest stored chain the context begins with, cut where its tokens and the
-        context's part; (positions covered, their uses)."""
+        context's part, if it covers more than `better_than` positions; (positions covered, their uses)."""
         assert self.prefixes is not None
         began = time.perf_counter()
         ids = [t for segment in c.context for t in segment.ids]
         hint = self.prefixes.longest(ids, deadline)
         chain: list[Found[Restored]] = []
-        key = hint.key if hint else None
+        key = hint.key if hint and hint.position > better_than else None
         try:
             while key is not None and len(chain) < len(ids):
                 chain.append(self.restorer.fetch(key, None, deadline))
                 key = chain[-1].value.manifest.parent_key
         except StateError:
             chain = []
-        run.restore_s += time.perf_counter() - began
-        covered, uses = 0, []
+        plan: list[tuple[Found[Restored], StatePart, int]] = []
+        covered = 0
         for found in reversed(chain):
             manifest = found.value.manifest
             shared = common_prefix(manifest.token_ids, ids[covered:]) if manifest.start == covered else 0
@@ -176,13 +188,20 @@ class Continuer:
                 part = None
             if part is None:
                 break
-            run.graft(lambda part=part, found=found: Graft(part, found.tier, found.notes))
-            cut = f"its first {shared} of {manifest.token_count} tokens: the longest stored prefix"
-            uses.append(StateUse(key=manifest.key, start=covered, end=covered + shared, source="graft", tier=found.tier,
-                                 detail=cut if shared < manifest.token_count else found.notes))
+            plan.append((found, part, shared))
             covered += shared
             if part.end < manifest.end:
                 break
+        run.restore_s += time.perf_counter() - began
+        if covered <= better_than:  # the context's own states do at least as well
+            return 0, []
+        uses = []
+        for found, part, shared in plan:
+            manifest = found.value.manifest
+            run.graft(lambda part=part, found=found: Graft(part, found.tier, found.notes))
+            cut = f"its first {shared} of {manifest.token_count} tokens: the longest stored prefix"
+            uses.append(StateUse(key=manifest.key, start=part.start, end=part.end, source="graft", tier=found.tier,
+                                 detail=cut if shared < manifest.token_count else found.notes))
         return covered, uses
 
     def _steps(self, c: Continuation) -> Iterator[str]:
