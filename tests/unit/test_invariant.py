@@ -39,7 +39,7 @@ def split_prompts(draw):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=split_prompts())
 def test_any_split_equals_one_stock_pass(family, dtype, prompt):
     ids, cuts = prompt
