@@ -34,11 +34,11 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from pydantic import BaseModel
 
+from kvrag.ab_report import write_report
 from kvrag.engine import KVEngine
 from kvrag.errors import InputError, VerificationError
-from kvrag.index import IndexedDoc, LexicalIndex
-from kvrag.ab_report import write_report
 from kvrag.gate import kl_divergence
+from kvrag.index import IndexedDoc, LexicalIndex
 from kvrag.memo import Provenance
 from kvrag.reuse import ChainWarmer, CorpusChain, stored_prefix_first
 from kvrag.runner import logits_sha256
@@ -163,8 +163,7 @@ def _monolithic(engine: KVEngine, texts: list[str], question: str, max_new_token
         out = engine.model.hf_model.generate(
             torch.tensor([ids], device=engine.model.device), max_new_tokens=max_new_tokens, do_sample=False,
             eos_token_id=stop or None, pad_token_id=stop[0] if stop else None, suppress_tokens=unwritable or None,
-            output_logits=True,
-            return_dict_in_generate=True)
+            output_logits=True, return_dict_in_generate=True)
     answer = [t for t in out.sequences[0, len(ids):].tolist() if t not in engine.layout.stop_ids]
     return tokenizer.decode(answer, skip_special_tokens=True).strip(), logits_sha256(out.logits[0][0])
 

@@ -23,24 +23,24 @@ from typing import Any, Iterator, Sequence
 from typing_extensions import TypedDict, Unpack
 
 from kvrag.acceptance import Restored, StateAcceptance
+from kvrag.blend import DEFAULT_RECOMPUTE_RATIO
 from kvrag.continuation import Continuation, Continuer
 from kvrag.decoding import Generation, GenerationStream
 from kvrag.deposit import CANARY_QUESTION, Depositor
 from kvrag.errors import InputError, KVRagError, StateError, StoreError
-from kvrag.blend import DEFAULT_RECOMPUTE_RATIO
 from kvrag.fingerprints import HardwareFingerprint, hardware_fingerprint
 from kvrag.gate import BlendGate
+from kvrag.invariant import INVARIANT
 from kvrag.layers import StatePart
 from kvrag.memo import Memo
-from kvrag.invariant import INVARIANT
 from kvrag.models import LoadedModel, load_model
 from kvrag.prefixes import PrefixIndex
 from kvrag.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
+from kvrag.records import SealedRecords
 from kvrag.restore import Restorer
 from kvrag.runner import ModelRunner, logits_sha256
 from kvrag.sampling import Sampling
 from kvrag.schedule import Planner, Segment, StateRef, key_scope
-from kvrag.records import SealedRecords
 from kvrag.signing import resolve_signing_key
 from kvrag.stores import StateStore, open_store
 from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
@@ -200,20 +200,21 @@ class KVEngine:
 
         Each new state is computed after its ancestors' grafted states: one prefill per state."""
         segments = self.plan(texts, after=after)
-        chain = self.restorer.chain(after.key if after else None)
-        self._deposit_after(segments, [r.part for r in chain], [t for r in chain for t in r.manifest.token_ids])
+        self._deposit_after(segments, self.restorer.chain(after.key if after else None))
         return [self.planner.ref(s) for s in segments]
 
     def deposit_segment(self, segment: Segment) -> StateRef:
         """Deposit a segment built with `planner.segment` (any ids, e.g. a memo state) after its
         stored parent chain."""
-        chain = self.restorer.chain(segment.parent_key)
-        self._deposit_after([segment], [r.part for r in chain], [t for r in chain for t in r.manifest.token_ids])
+        self._deposit_after([segment], self.restorer.chain(segment.parent_key))
         return self.planner.ref(segment)
 
-    def _deposit_after(self, segments: Sequence[Segment], ancestors: list[StatePart], before: list[int]) -> None:
-        """Deposit `segments` in order after `ancestors` (which hold the ids `before`), each one
-        skipped if stored already; with the invariant kernel, each new one is indexed by prefix."""
+    def _deposit_after(self, segments: Sequence[Segment], chain: Sequence[Restored]) -> None:
+        """Deposit `segments` in order after the stored `chain` (root first), each one skipped if
+        stored already; with the invariant kernel, each new one is indexed by prefix."""
+        ancestors: list[StatePart] = [r.part for r in chain]
+        # the prompt's ids so far, kept only where prefix records need them
+        before = [t for r in chain for t in r.manifest.token_ids] if self.prefixes is not None else []
         for segment in segments:
             try:
                 ancestors.append(self.restorer.fetch(segment.key, segment, Deadline(self.deadline_s)).value.part)
@@ -222,7 +223,8 @@ class KVEngine:
                 ancestors.append(restored.part)
                 if self.prefixes is not None:
                     self.prefixes.record([*before, *segment.ids], segment.start, segment.key)
-            before = [*before, *segment.ids]
+            if self.prefixes is not None:
+                before.extend(segment.ids)
 
     # -------------------------------------------------------------- generate
     def generate(self, query: str, **options: Unpack[AskOptions]) -> Generation:
@@ -341,7 +343,7 @@ class KVEngine:
         return [self.planner.ref(s) for s in segments]
 
     def _deposit_segments(self, segments: Sequence[Segment]) -> None:
-        self._deposit_after(segments, [], [])
+        self._deposit_after(segments, [])
 
     def _then_deposit_turn(self, stream: GenerationStream, messages: list[Message],
                            context: list[Segment]) -> Iterator[str]:

@@ -13,11 +13,14 @@ the same prompt read in two parts differ in the last bits. Here every reduction 
   a multiple of `QUERY_BLOCK` rows;
 - scores, softmax and the weighted sum are computed in float32 whatever the model's dtype.
 
-The linear layers around attention have one more dependence: on this CPU a float32 matrix product
-gives a row different bits when it is computed among fewer than about 12 rows. `ModelRunner` pads
-every prompt read shorter than `MIN_FORWARD_ROWS` with dummy tokens after it and drops their cache
-entries, so prompt rows are always computed among at least 16. Decoding steps (one row) are not
-padded: they equal the one-row steps of a stock `model.generate`.
+The linear layers around attention depend on the row count too: on this CPU a float32 matrix
+product gives a row different bits when it is computed among fewer than about 12 rows. `ModelRunner`
+pads every prompt read shorter than `MIN_FORWARD_ROWS` with dummy tokens after it and drops their
+cache entries, so prompt rows are always computed among at least 16. Decoding steps (one row) are
+not padded: they equal the one-row steps of a stock `model.generate`. That is enough for narrow
+layers (the tiny models), not for wide ones: smollm2-135m's 1,536-wide down projection splits its
+reduction differently again at 64 rows and more, so its reads after a graft still differ from one
+long pass (see the README for the measured counts and the fix measured but not built).
 
 The kernel is registered with transformers under the name `invariant` (an attention function and
 its mask), so a stock `AutoModelForCausalLM.from_pretrained(..., attn_implementation="invariant")`

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kvrag.errors import ModelError
-from kvrag.invariant import INVARIANT, register as register_invariant
+from kvrag.invariant import INVARIANT
 from kvrag.paths import kvrag_home
 from kvrag.tiny import TINY_FAMILIES, build_byte_tokenizer, build_tiny_model
 
@@ -97,8 +97,6 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
     attn = attn or "sdpa"
     if attn not in _ATTNS:
         raise ModelError(f"unsupported attention implementation {attn!r}; use one of {', '.join(_ATTNS)}")
-    if attn == INVARIANT:
-        register_invariant()
     if name.startswith("tiny-random-"):
         family = name.removeprefix("tiny-random-")
         hf_model = build_tiny_model(family, dtype=torch_dtype, attn=attn)

@@ -10,8 +10,9 @@ then three first-token logits are compared:
   user's own text RAG would run them.
 
 Graft against fresh must be byte-exact. Graft against monolithic is reported as measured: with
-sdpa or eager it usually differs in the last bits on a CPU (never called exact); with the
-invariant kernel (`attn="invariant"`, `kvrag.invariant`) it must be byte-exact too.
+sdpa or eager it usually differs in the last bits on a CPU (never called exact); the invariant
+kernel (`attn="invariant"`, `kvrag.invariant`) aims to make it byte-exact, which this column shows
+or refutes per model (see the README: not yet for smollm2-135m).
 
 Chains are checked too: a chain is deposited the engine's way (each state computed after its
 ancestors' grafted states), then every state's K/V are recomputed from scratch, all segments
