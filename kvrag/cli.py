@@ -11,6 +11,7 @@ from rich.table import Table
 from kvrag.cli_ab import register as register_ab
 from kvrag.cli_common import ATTN, DTYPE, MODEL, STORE, engine_for, err, fail, out, progress, read_text
 from kvrag.cli_library import library_app
+from kvrag.cli_serve import register as register_serve
 from kvrag.errors import KVRagError
 
 app = typer.Typer(
@@ -245,6 +246,7 @@ def gc(
 
 
 register_ab(app)
+register_serve(app)
 app.add_typer(library_app, name="library")
 
 

@@ -1,7 +1,7 @@
 """State stores, addressed by URL. `open_store("disk://PATH")` is the embedded default.
 
     disk://PATH                         atomic files, mmap reads (the default, in the user cache dir)
-    memory://                           this process only
+    memory://                           this process only; ?max_mib=N caps it (least recently used go)
     redis://[user:pass@]host:port/db    one Redis server; rediss:// for TLS
     redis+cluster://host:port,...       Redis Cluster (a state's frames share one hash slot)
     redis://...,disk://...              tiers, hot first: reads promote, writes go through
@@ -92,7 +92,10 @@ def _open_scheme(url: str) -> StateStore:
             raise StoreError("disk:// needs a folder, e.g. disk:///var/cache/kvrag or disk://./states")
         return DiskStore(Path(rest))
     if scheme == "memory":
-        return MemoryStore()
+        base, _, query = rest.partition("?")
+        if base.strip("/"):
+            raise StoreError(f"memory:// takes no path, only ?max_mib=N; got {url!r}")
+        return MemoryStore.from_params(dict(parse_qsl(query, keep_blank_values=True)))
     if scheme in ("redis", "rediss", "redis+cluster"):
         return redis_store_from_url(url)
     raise StoreError(f"unsupported store scheme {scheme!r} in {url!r}; use {_SCHEMES}")
