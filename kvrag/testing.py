@@ -1,8 +1,9 @@
-"""Test helpers for kvrag and for your own tests: throwaway real Redis servers.
+"""Test helpers for kvrag and for your own tests: throwaway real Redis servers and kvrag servers.
 
 `RedisServer` starts one `redis-server` on a free loopback port, `RedisCluster` a 3-master cluster
 (with AOF, so a restarted master keeps its data). They never touch a shared server on 6379: each
-gets its own port, folder and config, and `stop()` ends it (SIGTERM, then SIGKILL).
+gets its own port, folder and config, and `stop()` ends it (SIGTERM, then SIGKILL). `KVRagServer`
+runs `kvrag serve` as its own process on a free port (waiting for `/health`), for HTTP clients.
 
     >>> server = RedisServer(tmp_path / "redis").start()       # doctest: +SKIP
     >>> engine = KVEngine(load_model("tiny-random-llama"), server.url)
@@ -11,17 +12,22 @@ gets its own port, folder and config, and `stop()` ends it (SIGTERM, then SIGKIL
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
-__all__ = ["RedisServer", "RedisCluster", "free_port"]
+__all__ = ["RedisServer", "RedisCluster", "KVRagServer", "free_port"]
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -133,3 +139,59 @@ class RedisCluster:
     def stop(self) -> None:
         for m in self.masters:
             m.stop(kill=True)
+
+
+@dataclass
+class KVRagServer:
+    """`kvrag serve` in its own process group on a free port; `url` is the OpenAI base URL."""
+
+    model: str = "tiny-random-llama"
+    store: str | None = None
+    args: tuple[str, ...] = ()
+    log: Path | None = None
+    port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return self.base + "/v1"
+
+    def start(self, timeout: float = 120) -> "KVRagServer":
+        command = [sys.executable, "-m", "kvrag.cli", "serve", "--model", self.model, "--port", str(self.port),
+                   "--log-level", "warning", *(["--store", self.store] if self.store else []), *self.args]
+        output = open(self.log, "ab") if self.log else subprocess.DEVNULL
+        self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, "HF_HUB_OFFLINE": "1", **self.env})
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop(kill=True)
+                tail = self.log.read_text()[-2000:] if self.log and self.log.exists() else ""
+                raise RuntimeError(f"kvrag serve on {self.port} did not become healthy: {tail}")
+            time.sleep(0.2)
+        return self
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base + "/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, *, kill: bool = False, timeout: float = 60) -> int | None:
+        """SIGTERM (graceful: requests in flight finish) or SIGKILL; the exit status."""
+        if not self.process:
+            return None
+        process, self.process = self.process, None
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            return process.wait(10)
