@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         queue: int = typer.Option(16, "--queue", min=0, help="requests waiting per worker before 429 Retry-After"),
         max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="when a request gives no max_tokens"),
         served_name: Optional[str] = typer.Option(None, "--served-name", help="the model id clients name (default: --model)"),
+        threads: int = typer.Option(0, "--threads", min=0, help="torch threads per worker (0: cores / (workers x concurrency))"),
         grace: float = typer.Option(30, "--grace", min=0, help="seconds to finish requests in flight on shutdown"),
         log_level: str = typer.Option("info", "--log-level", help="uvicorn's: critical, error, warning, info, debug"),
     ) -> None:
@@ -48,7 +49,7 @@ def register(app: typer.Typer) -> None:
         try:
             settings = ServeSettings(model=model, store=store, dtype=dtype, attn=attn, hot_mib=hot_mib,
                                      concurrency=concurrency, queue=queue, max_tokens=max_tokens,
-                                     served_name=served_name)
+                                     served_name=served_name, threads=threads, workers=workers)
             if store:
                 from kvrag.stores import open_store
 
@@ -59,4 +60,5 @@ def register(app: typer.Typer) -> None:
         if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kvrag-metrics-")
         uvicorn.run("kvrag.server:app_from_environment", factory=True, host=host, port=port, workers=workers,
-                    timeout_graceful_shutdown=grace or None, log_level=log_level)
+                    timeout_graceful_shutdown=grace or None, log_level=log_level,
+                    timeout_worker_healthcheck=60)  # a worker busy in a long prefill is not a dead one

@@ -69,6 +69,10 @@ class ServeSettings(BaseModel):
     max_tokens: int = Field(default=256, ge=1, le=1 << 16)
     #: the model id clients name (default: `model`)
     served_name: str | None = None
+    #: torch threads in this worker (0: the machine's cores shared out among workers and slots)
+    threads: int = Field(default=0, ge=0, le=512)
+    #: worker processes on this machine (to share the cores out)
+    workers: int = Field(default=1, ge=1, le=64)
 
     @property
     def name(self) -> str:
@@ -80,6 +84,11 @@ class ServeSettings(BaseModel):
         from kvrag.stores import default_store_url
 
         return f"memory://?max_mib={self.hot_mib:g},{self.store or default_store_url()}"
+
+    def torch_threads(self) -> int:
+        """Workers on one machine must not oversubscribe its cores: threads fighting over cores
+        made each forward many times slower here."""
+        return self.threads or max(1, (os.cpu_count() or 1) // (self.workers * self.concurrency))
 
 
 class Admission:
@@ -248,6 +257,10 @@ def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastA
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if engine is None:
+            import torch
+
+            torch.set_num_threads(settings.torch_threads())
         opened = engine or await asyncio.to_thread(
             KVEngine.open, settings.model, settings.store_url(), dtype=settings.dtype, attn=settings.attn)
         state["worker"] = Worker(opened, settings)
