@@ -130,8 +130,10 @@ async def run_arm(label: str, server: KVRagServer, model: str, workers: int, con
     gate = asyncio.Semaphore(concurrency)
     done: list[Result] = []
 
+    # a new connection per request, as an HTTP load balancer spreads requests: a kept-alive
+    # connection stays with the worker that accepted it, however busy that worker is
     async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10),
-                                 limits=httpx.Limits(max_connections=concurrency * 2)) as h:
+                                 limits=httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=0)) as h:
         async def client(question: str, doc: str) -> Result:
             async with gate:
                 result = await one(h, server.url, model, question, doc, max_tokens, kv)
@@ -152,8 +154,8 @@ def show(arm: Arm) -> None:
     p99 = f"{r['ttft_p99_s'] * 1e3:.0f}" if r["ttft_p99_s"] is not None else "-"
     modes = ", ".join(f"{m} {n}" for m, n in r["modes"].items())
     shared = f"{r['grafts_from_shared_store']}/{r['grafts']}" if r["grafts"] else "-"
-    print(f"| {r['label']} | {r['workers']} | {r['concurrency']} | {r['requests']} | {r['failed']} | "
-          f"{r['throughput_rps']:.2f} | {p50} | {p99} | {modes} | {shared} |", flush=True)
+    print(f"| {r['label']} | {r['workers']} ({r['workers_seen']} answered) | {r['concurrency']} | {r['requests']} | "
+          f"{r['failed']} | {r['throughput_rps']:.2f} | {p50} | {p99} | {modes} | {shared} |", flush=True)
 
 
 HEADER = ("| run | workers | clients | requests | failed | answers/s | TTFT p50 ms | TTFT p99 ms | receipt modes | "

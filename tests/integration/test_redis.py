@@ -110,6 +110,18 @@ def test_a_damaged_redis_copy_is_read_from_the_next_tier(fault, redis_server, tm
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_frames_fetched_over_several_connections_are_checked_alike(fault, redis_server, reference):
+    damage, reason = FAULTS[fault]
+    engine = KVEngine(tiny("llama"), f"{redis_server.url}?{FRAME}&streams=3")
+    ref = engine.deposit(DOC_A)
+    _same_answer(engine.generate(QUESTION, states=[ref], max_new_tokens=6, memo=False), reference)
+    damage(redis_server, ref.key)
+    generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6, memo=False)
+    assert generation.receipt.mode == "text-prefill" and generation.receipt.states[0].reason == reason
+    _same_answer(generation, reference)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_damaged_state_in_the_only_tier_is_re_read_as_text(fault, redis_server, reference):
     damage, reason = FAULTS[fault]
     engine = _redis_engine(redis_server)
