@@ -185,7 +185,11 @@ def main() -> None:
     parser.add_argument("--only", default="redis1,redis2,cluster,faults")
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--plot", dest="plot_path")
+    parser.add_argument("--replot", metavar="JSON", help="only draw --plot from an earlier run's --json")
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text()), args.plot_path or "serve.png")
+        return
     args.levels = [int(x) for x in args.concurrency.split(",")]
     only = set(args.only.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="kvrag-serve-bench-"))
@@ -211,7 +215,7 @@ def main() -> None:
         Path(args.json_path).write_text(json.dumps([{**a.row(), "results": [asdict(r) for r in a.results]}
                                                     for a in arms], indent=2))
     if args.plot_path:
-        plot(arms, args.plot_path)
+        plot([a.row() for a in arms], args.plot_path)
 
 
 def faults(server: KVRagServer, redis: RedisServer, args, arms: list[Arm]) -> None:
@@ -247,23 +251,25 @@ def faults(server: KVRagServer, redis: RedisServer, args, arms: list[Arm]) -> No
     print(f"text fallbacks by reason: {arms[-1].row()['reasons']}", flush=True)
 
 
-def plot(arms: list[Arm], path: str) -> None:
+def plot(rows: list[dict], path: str) -> None:
+    """TTFT p50 and throughput against clients: one colour per setup, dashed text, solid graft."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for label in sorted({a.label.rsplit(": ", 1)[0] for a in arms}):
+    setups = sorted({r["label"].rsplit(": ", 1)[0] for r in rows if r["label"].endswith((": text", ": graft"))})
+    for colour, setup in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], setups):
         for arm, style in (("text", "--"), ("graft", "-")):
-            chosen = [a for a in arms if a.label == f"{label}: {arm}"]
-            if not chosen:
-                continue
-            xs = [a.concurrency for a in chosen]
-            left.plot(xs, [a.row()["ttft_p50_s"] * 1e3 for a in chosen], style, marker="o", label=f"{label}, {arm}")
-            right.plot(xs, [a.row()["throughput_rps"] for a in chosen], style, marker="o", label=f"{label}, {arm}")
-    left.set(xlabel="concurrent clients", ylabel="TTFT p50 (ms)", title="time to first token")
+            chosen = [r for r in rows if r["label"] == f"{setup}: {arm}"]
+            xs = [r["concurrency"] for r in chosen]
+            left.plot(xs, [r["ttft_p50_s"] * 1e3 for r in chosen], style, color=colour, marker="o", label=f"{setup}, {arm}")
+            right.plot(xs, [r["throughput_rps"] for r in chosen], style, color=colour, marker="o")
+    left.set(xlabel="concurrent clients", ylabel="TTFT p50 (ms)", title="time to first token (client side)")
     right.set(xlabel="concurrent clients", ylabel="answers / s", title="throughput")
+    for axis in (left, right):
+        axis.set_xticks(sorted({r["concurrency"] for r in rows}))
     left.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
