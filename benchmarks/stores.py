@@ -1,10 +1,12 @@
 """Store tiers: verified restore throughput, and time to first token when grafting from Redis.
 
 Part 1 stores a 64 MiB and a 256 MiB payload in each tier (memory, warm disk, one Redis server
-and a 3-master Redis Cluster on loopback, both started here and stopped after) and times a
+and a 3-master Redis Cluster on loopback, both started here and stopped after, each read over one
+and over two connections) and times a
 verified restore: fetch plus SHA-256 of every 8 MiB chunk against the state's digests. Part 2
 grafts a ~1,500-token `smollm2-135m` state from each tier and compares time to first token with
-text prefill. Medians of --repeat runs, one process, one machine: compare the ratios.
+text prefill, and as a `kvrag serve` worker reads (its in-process hot tier hit, and missed).
+Medians of --repeat runs, one process, one machine: compare the ratios.
 
     python benchmarks/stores.py [--repeat 5] [--json out.json]
 """
@@ -57,6 +59,15 @@ def main() -> None:
         "disk (warm)": f"disk://{tmp / 'disk'}",
         "redis": server.url,
         "redis cluster": cluster.url,
+        "redis, 2 streams": f"{server.url}?streams=2",
+        "redis cluster, 2 streams": f"{cluster.url}?streams=2",
+    }
+    # as a `kvrag serve` worker reads: its in-process LRU first (big enough to hold the state: a
+    # hit after the first read; 1 MiB: it can never hold it, every read misses it), then Redis
+    served = {
+        "redis behind the hot tier (hit)": f"memory://?max_mib=1024,{server.url}",
+        "redis behind the hot tier (missed)": f"memory://?max_mib=1,{server.url}",
+        "redis cluster behind the hot tier (missed)": f"memory://?max_mib=1,{cluster.url}",
     }
     results: dict = {"throughput": [], "ttft": {}}
     try:
@@ -78,7 +89,7 @@ def main() -> None:
 
         model = load_model("smollm2-135m")
         document = long_document(model.tokenizer, args.tokens)
-        engines = {name: KVEngine(model, url) for name, url in tiers.items()}
+        engines = {name: KVEngine(model, url) for name, url in {**tiers, **served}.items()}
         refs = {name: engine.deposit(document) for name, engine in engines.items()}
         ttft: dict[str, list[float]] = {name: [] for name in ["text", *engines]}
         hashes = set()
@@ -106,7 +117,7 @@ def main() -> None:
     t = results["ttft"]
     print(f"\nTime to first token, smollm2-135m, {results['state_tokens']:,}-token state, ~15-token question, median of {args.repeat}")
     print("\n| arm | TTFT | text prefill / arm | arm / memory graft |\n|---|---:|---:|---:|")
-    for name in ["text", *tiers]:
+    for name in ["text", *tiers, *served]:
         label = "text prefill" if name == "text" else f"graft from {name}"
         print(f"| {label} | {t[name]:.0f} ms | {t['text'] / t[name]:.1f}x | {t[name] / t['memory']:.2f}x |")
     print(f"\nfirst-token logits identical in every arm: {'yes' if results['logits_identical'] else 'NO'}")

@@ -57,19 +57,22 @@ class RedisServer:
     port: int = field(default_factory=free_port)
     extra: tuple[str, ...] = ()
     process: subprocess.Popen | None = None
+    #: with a password the server requires AUTH (`--requirepass`), and `url` carries it
+    password: str | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{':' + self.password + '@' if self.password else ''}127.0.0.1:{self.port}/0"
 
     def start(self) -> "RedisServer":
         if not REDIS_SERVER:
             raise RuntimeError("redis-server is not installed; on Debian: apt-get install redis-server")
         self.folder.mkdir(parents=True, exist_ok=True)
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.folder), "--logfile", str(self.folder / "redis.log"), *self.extra]
+                "--dir", str(self.folder), "--logfile", str(self.folder / "redis.log"), *self.extra,
+                *(["--requirepass", self.password] if self.password else [])]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, password=self.password)
         deadline = time.monotonic() + 10
         while True:
             try:

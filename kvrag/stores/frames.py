@@ -119,6 +119,21 @@ class Assembler:
     def placed(self, count: int) -> None:
         self._next = count
 
+    def slot(self, index: int) -> memoryview:
+        """Where frame `index` goes in the buffer: a reader that receives it there directly calls
+        `received(index)` next, and the frame is checked in place."""
+        offset = index * self.record.frame_bytes
+        return self._view[offset : offset + self.record.frame_length(index)]
+
+    def received(self, index: int) -> None:
+        """Frame `index` is in its slot: check it on the hashing threads."""
+        self._checks.append(hash_pool().submit(self._check_in_place, index))
+        self._next = max(self._next, index + 1)
+
+    def _check_in_place(self, index: int) -> None:
+        if hashlib.sha256(self.slot(index)).hexdigest() != self.record.frames[index]:
+            raise IntegrityError(f"frame {index} does not match its SHA-256")
+
     def _check_and_copy(self, index: int, frame: bytes) -> None:
         if hashlib.sha256(frame).hexdigest() != self.record.frames[index]:
             raise IntegrityError(f"frame {index} does not match its SHA-256")

@@ -9,6 +9,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
+from kvrag.digests import VerifiedBuffer
 from kvrag.errors import StoreError
 from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
 
@@ -87,7 +88,15 @@ class MemoryStore(StateStore, BlobStore):
         return state[0] if state else None
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
-        value = (bytes(manifest), bytes(payload))
+        size = len(manifest) + (len(payload) if isinstance(payload, VerifiedBuffer) else memoryview(payload).nbytes)
+        if self.max_bytes is not None and size > self.max_bytes:
+            with self._lock:
+                self._drop(("state", check_key(key)))
+            return
+        # A payload another tier already checked (a `VerifiedBuffer`, which kvrag never writes
+        # into) is kept as it is: promoting a state into this tier copies nothing, and a hit
+        # hashes nothing again.
+        value = (bytes(manifest), payload if isinstance(payload, VerifiedBuffer) else bytes(payload))
         self._set(("state", check_key(key)), value, len(value[0]) + len(value[1]))
 
     def delete(self, key: str) -> None:

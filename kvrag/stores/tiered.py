@@ -87,7 +87,7 @@ class TieredStore(StateStore, BlobStore):
     def _promote(self, key: str, stored: StoredState, hotter: Sequence[StateStore]) -> None:
         if not hotter:
             return
-        data = bytes(stored.payload)
+        data = stored.payload  # each tier copies what it keeps (a memory tier keeps a checked buffer as is)
         for tier in hotter:
             if tier.breaker.is_open:
                 continue

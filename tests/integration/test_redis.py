@@ -109,10 +109,11 @@ def test_a_damaged_redis_copy_is_read_from_the_next_tier(fault, redis_server, tm
     assert again.receipt.states[0].tier.startswith("redis://") and again.receipt.states[0].detail is None
 
 
+@pytest.mark.parametrize("wire", ["direct", "client"])
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_frames_fetched_over_several_connections_are_checked_alike(fault, redis_server, reference):
+def test_frames_fetched_over_several_connections_are_checked_alike(fault, wire, redis_server, reference):
     damage, reason = FAULTS[fault]
-    engine = KVEngine(tiny("llama"), f"{redis_server.url}?{FRAME}&streams=3")
+    engine = KVEngine(tiny("llama"), f"{redis_server.url}?{FRAME}&streams=3&wire={wire}")
     ref = engine.deposit(DOC_A)
     _same_answer(engine.generate(QUESTION, states=[ref], max_new_tokens=6, memo=False), reference)
     damage(redis_server, ref.key)
@@ -344,3 +345,20 @@ def test_ls_inspect_and_gc(redis_server, tmp_path):
     assert raw.get(f"kvrag:{{{ours.key}}}:f:deadbeefdeadbeef:0") is None
     assert list(DiskStore(tmp_path).keys()) == [ours.key]
     assert KVEngine(tiny("llama"), store).generate("Who?", states=[ours], max_new_tokens=1).receipt.mode == "exact-graft"
+
+
+def test_direct_frame_reads_authenticate_and_select_the_database(tmp_path, reference):
+    from kvrag.testing import RedisServer
+
+    server = RedisServer(tmp_path / "auth", password="s3cret").start()
+    try:
+        engine = KVEngine(tiny("llama"), f"redis://:s3cret@127.0.0.1:{server.port}/2?{FRAME}")
+        ref = engine.deposit(DOC_A)
+        generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6, memo=False)
+        assert generation.receipt.mode == "exact-graft"
+        _same_answer(generation, reference)
+        wrong = KVEngine(tiny("llama"), f"redis://:wrong@127.0.0.1:{server.port}/2?{FRAME}")
+        refused = wrong.generate(QUESTION, states=[DOC_A], max_new_tokens=6, memo=False)
+        assert refused.receipt.mode == "text-prefill" and refused.receipt.states[0].reason == "unavailable"
+    finally:
+        server.stop()

@@ -1,0 +1,154 @@
+"""Frames read off a Redis socket straight into their place in the payload buffer.
+
+redis-py (with hiredis) hands a `GET` reply back as a new `bytes` object: the kernel copies the
+frame into the parser's buffer, the parser into the object (fresh pages, faulted in one by one),
+and the store once more into the payload buffer. For states of tens of megabytes those copies cost
+as much as the wire. `FrameConnection` sends the `GET` itself and `recv_into`s the bulk reply at
+its offset in the payload buffer: one copy, by the kernel.
+
+Replies are untrusted bytes: the header line is bounded, its length must be exactly the frame
+length the signed manifest gives (anything else is an `IntegrityError`, and the connection, whose
+stream position is then unknown, is closed), and every socket wait is bounded by a timeout. Only
+plain TCP (or a Unix socket) with optional AUTH and SELECT is spoken here; TLS and anything else
+stays with redis-py.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from kvrag.errors import IntegrityError, StoreError
+
+__all__ = ["FrameConnection", "FramePool"]
+
+_MAX_HEADER = 32  # "$" + up to 20 digits + CRLF, or the start of an error line
+
+
+class FrameConnection:
+    """One connection of our own to one Redis server, used only to read frames."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    @classmethod
+    def connect(cls, host: str, port: int, *, db: int = 0, username: str | None = None, password: str | None = None,
+                timeout: float = 5.0, connect_timeout: float = 1.0) -> "FrameConnection":
+        try:
+            sock = socket.create_connection((host, port), timeout=connect_timeout)
+            sock.settimeout(timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as e:
+            raise StoreError(f"cannot connect to {host}:{port}: {e}") from e
+        connection = cls(sock)
+        try:
+            if password:
+                connection._simple("AUTH", *([username] if username else []), password)
+            if db:
+                connection._simple("SELECT", str(db))
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _send(self, *parts: str) -> None:
+        encoded = [p.encode() for p in parts]
+        message = b"*%d\r\n" % len(encoded) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in encoded)
+        self.sock.sendall(message)
+
+    def _line(self) -> bytes:
+        """One CRLF-terminated line of at most `_MAX_HEADER` bytes, without consuming a byte past
+        it (the frame that follows is received into its own place)."""
+        pending = b""
+        while True:
+            peeked = self.sock.recv(_MAX_HEADER, socket.MSG_PEEK)
+            if not peeked:
+                raise StoreError("Redis closed the connection mid-reply")
+            joined = pending + peeked
+            end = joined.find(b"\r\n")
+            if 0 <= end <= _MAX_HEADER - 2:
+                self._exactly(end + 2 - len(pending))
+                return joined[:end]
+            if len(joined) >= _MAX_HEADER:
+                raise IntegrityError("a Redis reply header is longer than any frame's")
+            pending += self._exactly(len(peeked))  # no CRLF yet: all of it is header
+
+    def _simple(self, *command: str) -> None:
+        try:
+            self._send(*command)
+            line = self._line()
+        except OSError as e:
+            raise StoreError(f"Redis {command[0]} failed: {e}") from e
+        if not line.startswith(b"+"):
+            raise StoreError(f"Redis refused {command[0]}: {line[:200].decode(errors='replace')}")
+
+    def get_into(self, name: str, target: memoryview) -> bool:
+        """`GET name` into `target`; False if there is no such key. The reply must be exactly
+        `len(target)` bytes long (else `IntegrityError`)."""
+        try:
+            self._send("GET", name)
+            line = self._line()
+            if line.startswith(b"-"):
+                raise StoreError(f"Redis GET failed: {line[1:200].decode(errors='replace')}")
+            if line == b"$-1":
+                return False
+            if not line.startswith(b"$") or not line[1:].isdigit():
+                raise IntegrityError("a Redis reply is not a bulk string")
+            length = int(line[1:])
+            if length != len(target):
+                raise IntegrityError(f"a frame is {length} bytes, expected {len(target)}")
+            got = 0
+            while got < length:
+                n = self.sock.recv_into(target[got:], length - got)
+                if n == 0:
+                    raise StoreError("Redis closed the connection mid-frame")
+                got += n
+            if self._exactly(2) != b"\r\n":
+                raise IntegrityError("a Redis bulk reply is not terminated by CRLF")
+            return True
+        except OSError as e:
+            raise StoreError(f"reading a frame failed: {type(e).__name__}: {e}") from e
+
+    def _exactly(self, count: int) -> bytes:
+        data = bytearray()
+        while len(data) < count:
+            chunk = self.sock.recv(count - len(data))
+            if not chunk:
+                raise StoreError("Redis closed the connection mid-reply")
+            data += chunk
+        return bytes(data)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class FramePool:
+    """Idle `FrameConnection`s per server, reused; a connection that failed in any way is closed
+    instead of returned (its position in the reply stream is unknown)."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self._idle: dict[tuple[str, int], list[FrameConnection]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, host: str, port: int) -> FrameConnection:
+        with self._lock:
+            idle = self._idle.get((host, port))
+            if idle:
+                return idle.pop()
+        return FrameConnection.connect(host, port, **self.options)
+
+    def give(self, host: str, port: int, connection: FrameConnection) -> None:
+        with self._lock:
+            self._idle.setdefault((host, port), []).append(connection)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection in connections:
+                connection.close()

@@ -1,0 +1,83 @@
+"""What a Redis server (or whoever answers in its place) can send back to the direct frame reader:
+any bytes at all. The reader accepts exactly one well-formed bulk reply of exactly the frame's
+length, and for anything else raises a typed error (or reports a miss), never crashes, never
+writes past the frame's slot and never waits without bound."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvrag.errors import IntegrityError, StoreError
+from kvrag.stores.wire import FrameConnection
+
+FRAME = 64
+
+
+def answer(reply: bytes, close: bool = True) -> tuple[FrameConnection, threading.Thread]:
+    """A connection whose peer swallows the request and sends `reply`."""
+    ours, theirs = socket.socketpair()
+    ours.settimeout(0.5)
+
+    def peer() -> None:
+        try:
+            theirs.recv(4096)
+            theirs.sendall(reply)
+        finally:
+            if close:
+                theirs.close()
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    return FrameConnection(ours), thread
+
+
+def read(reply: bytes, close: bool = True) -> tuple[object, bytearray]:
+    buffer = bytearray(b"\xee" * (FRAME + 16))
+    connection, thread = answer(reply, close)
+    try:
+        outcome: object = connection.get_into("k", memoryview(buffer)[:FRAME])
+    except (IntegrityError, StoreError) as e:
+        outcome = type(e)
+    finally:
+        connection.close()
+        thread.join(2)
+    return outcome, buffer
+
+
+def test_a_well_formed_reply_lands_in_its_slot_and_nothing_else_changes():
+    frame = bytes(range(FRAME))
+    outcome, buffer = read(b"$%d\r\n" % FRAME + frame + b"\r\n")
+    assert outcome is True and bytes(buffer[:FRAME]) == frame and bytes(buffer[FRAME:]) == b"\xee" * 16
+
+
+def test_a_missing_key_is_a_miss():
+    assert read(b"$-1\r\n")[0] is False
+
+
+def test_wrong_lengths_errors_and_garbage_are_typed_errors():
+    for reply in (b"$%d\r\n" % (FRAME + 1) + b"x" * (FRAME + 3), b"$%d\r\n" % (FRAME - 1) + b"x" * (FRAME + 1),
+                  b"-ERR wrong\r\n", b"+OK\r\n", b"$" + b"9" * 40 + b"\r\n", b"*1\r\n$1\r\nx\r\n",
+                  b"$%d\r\n" % FRAME + b"x" * FRAME + b"ab", b"$%d\r\n" % FRAME + b"x" * 10, b""):
+        outcome, buffer = read(reply)
+        assert outcome in (IntegrityError, StoreError), reply
+        assert bytes(buffer[FRAME:]) == b"\xee" * 16
+
+
+def test_a_peer_that_sends_half_a_reply_and_stalls_costs_the_timeout_only():
+    outcome, _ = read(b"$%d\r\n" % FRAME + b"x" * 10, close=False)
+    assert outcome is StoreError
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200) | st.builds(lambda n, body: b"$%d\r\n" % n + body,
+                                           st.integers(-3, FRAME + 3), st.binary(max_size=FRAME + 8)))
+def test_any_reply_is_a_frame_a_miss_or_a_typed_error(reply):
+    outcome, buffer = read(reply)
+    assert outcome in (True, False, IntegrityError, StoreError)
+    assert bytes(buffer[FRAME:]) == b"\xee" * 16
+    if outcome is True:
+        assert reply == b"$%d\r\n" % FRAME + bytes(buffer[:FRAME]) + b"\r\n"
