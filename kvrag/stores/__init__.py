@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode
 from typing import Literal
+from urllib.parse import parse_qsl, urlencode
 
 from kvrag.errors import StoreError
 from kvrag.paths import kvrag_home
 from kvrag.stores.base import UNTRUSTED_PARSE_ERRORS, BlobStore, Found, StateCheck, StateStore, StoredState
 from kvrag.stores.disk import DiskStore
 from kvrag.stores.memory import MemoryStore
-from kvrag.stores.redis import RedisStore, redis_store_from_url
+from kvrag.stores.redis import RedisStore
+from kvrag.stores.redis_url import redis_store_from_url
 from kvrag.stores.tiered import TieredStore
 
 __all__ = ["UNTRUSTED_PARSE_ERRORS", "StateStore", "BlobStore", "StoredState", "StateCheck", "Found", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "open_store", "default_store_url"]

@@ -107,15 +107,6 @@ class Assembler:
             self._next += 1
         return True
 
-    def place(self, index: int, frame: bytes) -> None:
-        """Check frame `index` and copy it into place, on the calling thread (frames fetched over
-        several connections arrive out of order, each lane checking its own); call `placed` with
-        the count when all lanes are done."""
-        if not 0 <= index < len(self.record.frames) or len(frame) != self.record.frame_length(index):
-            raise IntegrityError(f"frame {index} is {len(frame)} bytes, expected "
-                                 f"{self.record.frame_length(min(max(index, 0), len(self.record.frames) - 1))}")
-        self._check_and_copy(index, frame)
-
     def placed(self, count: int) -> None:
         self._next = count
 
