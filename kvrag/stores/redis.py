@@ -19,7 +19,7 @@ from kvrag.artifact import parse_manifest
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
 from kvrag.stores.frames import DEFAULT_FRAME_BYTES, Assembler, FrameRecord, make_record, parse_record
-from kvrag.stores.wire import FramePool
+from kvrag.stores.wire import FramePool, Redirected
 
 __all__ = ["RedisStore"]
 
@@ -148,7 +148,10 @@ class RedisStore(StateStore, BlobStore):
             return list(self.client.mget(batch))
 
         if self.frame_pool is not None and keys:
-            return self._read_direct(keys, assembler, manifest, checked)
+            try:
+                return self._read_direct(keys, assembler, manifest, checked)
+            except Redirected:  # the slot moved: redis-py follows it (and refreshes its map) below
+                assembler = Assembler(record, self.max_state_bytes)
         # Frames are checked on the hashing threads while the next one is on the wire. One frame per
         # request measured fastest here: a multi-frame reply makes the server buffer, and the parser
         # grow, tens of megabytes at once.
@@ -178,6 +181,8 @@ class RedisStore(StateStore, BlobStore):
                     assembler.received(index)
                 healthy = True
                 return True
+            except Redirected:
+                raise
             except StoreError as e:
                 self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")
                 raise

@@ -21,9 +21,14 @@ from typing import Any
 
 from kvrag.errors import IntegrityError, StoreError
 
-__all__ = ["FrameConnection", "FramePool"]
+__all__ = ["FrameConnection", "FramePool", "Redirected"]
 
 _MAX_HEADER = 32  # "$" + up to 20 digits + CRLF, or the start of an error line
+
+
+class Redirected(StoreError):
+    """The cluster node no longer serves the key's slot (`MOVED`/`ASK`): redis-py, which follows
+    redirections and refreshes its slot map, reads it instead."""
 
 
 class FrameConnection:
@@ -89,6 +94,8 @@ class FrameConnection:
         try:
             self._send("GET", name)
             line = self._line()
+            if line.startswith((b"-MOVED ", b"-ASK ")):
+                raise Redirected(f"Redis redirected the read: {line[1:200].decode(errors='replace')}")
             if line.startswith(b"-"):
                 raise StoreError(f"Redis GET failed: {line[1:200].decode(errors='replace')}")
             if line == b"$-1":

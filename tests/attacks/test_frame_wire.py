@@ -81,3 +81,19 @@ def test_any_reply_is_a_frame_a_miss_or_a_typed_error(reply):
     assert bytes(buffer[FRAME:]) == b"\xee" * 16
     if outcome is True:
         assert reply == b"$%d\r\n" % FRAME + bytes(buffer[:FRAME]) + b"\r\n"
+
+
+def test_a_cluster_redirection_is_its_own_error():
+    from kvrag.stores.wire import Redirected
+
+    connection, thread = answer(b"-MOVED 3999 127.0.0.1:7002\r\n")
+    try:
+        try:
+            connection.get_into("k", memoryview(bytearray(FRAME)))
+        except Redirected:
+            pass
+        else:
+            raise AssertionError("a MOVED reply was taken for a frame")
+    finally:
+        connection.close()
+        thread.join(2)
