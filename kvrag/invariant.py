@@ -13,18 +13,19 @@ the same prompt read in two parts differ in the last bits. Here every reduction 
   a multiple of `QUERY_BLOCK` rows;
 - scores, softmax and the weighted sum are computed in float32 whatever the model's dtype.
 
-The linear layers around attention depend on the row count too: on this CPU a float32 matrix
-product gives a row different bits when it is computed among fewer than about 12 rows. `ModelRunner`
-pads every prompt read shorter than `MIN_FORWARD_ROWS` with dummy tokens after it and drops their
-cache entries, so prompt rows are always computed among at least 16. Decoding steps (one row) are
-not padded: they equal the one-row steps of a stock `model.generate`. That is enough for narrow
-layers (the tiny models), not for wide ones: smollm2-135m's 1,536-wide down projection splits its
-reduction differently again at 64 rows and more, so its reads after a graft still differ from one
-long pass (see the README for the measured counts and the fix measured but not built).
+The linear layers around attention depend on the row count too: a CPU matrix product picks its
+blocking from the shape (float32 rows differed among fewer than ~12 rows, and smollm2-135m's
+1,536-wide down projection again at 64 rows and more). Under this kernel every linear layer
+computes its rows in 16-row blocks aligned at absolute positions (`kvrag.invariant_linear`), so a
+row's bits depend on its values and position only. `ModelRunner` also pads prompt reads shorter
+than `MIN_FORWARD_ROWS` with dummy tokens after them and drops their cache entries (kept from
+before the linear layers were blocked; harmless). Decoding steps are one row, as in a stock
+`model.generate`.
 
 The kernel is registered with transformers under the name `invariant` (an attention function and
 its mask), so a stock `AutoModelForCausalLM.from_pretrained(..., attn_implementation="invariant")`
-after `import kvrag` computes the same bits as kvrag does.
+after `import kvrag`, its linear layers made invariant with
+`kvrag.invariant_linear.make_linear_invariant(model)`, computes the same bits as kvrag does.
 """
 
 from __future__ import annotations

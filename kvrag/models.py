@@ -99,7 +99,7 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
         raise ModelError(f"unsupported attention implementation {attn!r}; use one of {', '.join(_ATTNS)}")
     if name.startswith("tiny-random-"):
         family = name.removeprefix("tiny-random-")
-        hf_model = build_tiny_model(family, dtype=torch_dtype, attn=attn)
+        hf_model = _invariant_linears(build_tiny_model(family, dtype=torch_dtype, attn=attn), attn)
         return LoadedModel(name, hf_model, build_byte_tokenizer(), torch_dtype, attn, _state_dict_sha256(hf_model))
     # transformers' loading (empty weights on the meta device, then filled) is not thread-safe:
     # two threads loading at once can leave meta tensors behind. One load at a time.
@@ -128,8 +128,19 @@ def _load_pretrained(name: str, folder: Path | None, dtype: torch.dtype, attn: s
             "a local model folder, or a Hugging Face id already in your cache."
         ) from e
     hf_model.eval().requires_grad_(False)
+    _invariant_linears(hf_model, attn)
     weights = _folder_weights_sha256(folder) if folder else _state_dict_sha256(hf_model)
     return LoadedModel(name, hf_model, tokenizer, dtype, attn, weights)
+
+
+def _invariant_linears(hf_model: Any, attn: str) -> Any:
+    """Under the invariant kernel the linear layers are made row-invariant too (see
+    `kvrag.invariant_linear`)."""
+    if attn == INVARIANT:
+        from kvrag.invariant_linear import make_linear_invariant
+
+        make_linear_invariant(hf_model)
+    return hf_model
 
 
 def _state_dict_sha256(model: Any) -> str:

@@ -92,10 +92,12 @@ def test_a_stock_model_can_load_the_kernel_by_name():
     from transformers import AutoModelForCausalLM
 
     import kvrag  # noqa: F401 - registers `invariant`
+    from kvrag.invariant_linear import make_linear_invariant
 
     model = tiny("llama", "float32", "invariant")
     stock = AutoModelForCausalLM.from_config(model.hf_model.config, attn_implementation="invariant")
     stock.load_state_dict(model.hf_model.state_dict())
+    make_linear_invariant(stock)  # the linear layers: one call on a model loaded by hand
     ids = list(range(30, 90))
     with torch.inference_mode():
         a = stock.eval()(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
