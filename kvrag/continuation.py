@@ -170,7 +170,10 @@ class Continuer:
         ids = [t for segment in c.context for t in segment.ids]
         hint = self.prefixes.longest(ids, deadline)
         chain: list[Found[Restored]] = []
-        key = hint.key if hint and hint.position > better_than else None
+        # a record may point past its mark (at a deeper state of the chain): worth a look unless it
+        # is one of the context's own states, which the run ending at `better_than` already covers
+        own = {segment.key for segment in c.context}
+        key = hint.key if hint and (hint.position > better_than or hint.key not in own) else None
         try:
             while key is not None and len(chain) < len(ids):
                 chain.append(self.restorer.fetch(key, None, deadline))

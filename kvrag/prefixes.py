@@ -66,11 +66,15 @@ class PrefixIndex:
         self.scope = scope
 
     def record(self, ids: Sequence[int], start: int, key: str) -> None:
-        """Point every mark in (start, len(ids)] at `key`, the state of ids[start:] after its chain."""
+        """Point every mark in (start, len(ids)] at `key`, the state of ids[start:] after its chain,
+        and the last mark at or before `start` too: a state that holds no mark of its own (shorter
+        than the interval) is then found from there, and so is any state it is cut inside (its chain
+        is compared with the prompt token by token, so a deeper state serves every shorter prefix)."""
         body = json.dumps({"key": key}).encode()
-        for position, name in prefix_marks(self.scope(), ids):
-            if position > start:
-                self.records.put(name, body)
+        marks = prefix_marks(self.scope(), ids)
+        before = [mark for mark in marks if mark[0] <= start][-1:]
+        for position, name in before + [mark for mark in marks if mark[0] > start]:
+            self.records.put(name, body)
 
     def longest(self, ids: Sequence[int], deadline: Deadline | None = None) -> PrefixHint | None:
         """The hint for the longest marked prefix of `ids` (binary search: marks of one chain are
