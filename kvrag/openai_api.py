@@ -215,13 +215,12 @@ def _common(id: str, object: str, model: str, fingerprint: str, created: int | N
 
 
 def chat_response(id: str, model: str, fingerprint: str, generation: Generation) -> dict[str, Any]:
-    return {
-        **_common(id, "chat.completion", model, fingerprint),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": generation.text},
-                     "finish_reason": generation.finish_reason, "logprobs": None}],
-        "usage": usage_of(generation.receipt),
-        RECEIPT_FIELD: generation.receipt.model_dump(mode="json"),
-    }
+    choice = {"message": {"role": "assistant", "content": generation.text}}
+    return _whole(_common(id, "chat.completion", model, fingerprint), choice, generation)
+
+
+def completion_response(id: str, model: str, fingerprint: str, generation: Generation) -> dict[str, Any]:
+    return _whole(_common(id, "text_completion", model, fingerprint), {"text": generation.text}, generation)
 
 
 def chat_chunk(id: str, model: str, fingerprint: str, created: int, *, delta: dict[str, Any] | None = None,
@@ -229,32 +228,30 @@ def chat_chunk(id: str, model: str, fingerprint: str, created: int, *, delta: di
     """A `chat.completion.chunk`: a delta, the closing chunk (finish reason and receipt) when
     `generation` is given, or with `usage` the usage-only chunk that `include_usage` asks for."""
     chunk = _common(id, "chat.completion.chunk", model, fingerprint, created)
-    if usage and generation is not None:
-        return {**chunk, "choices": [], "usage": usage_of(generation.receipt)}
-    finish = generation.finish_reason if generation is not None else None
-    chunk["choices"] = [{"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}]
-    if generation is not None:
-        chunk[RECEIPT_FIELD] = generation.receipt.model_dump(mode="json")
-    return chunk
+    return _chunk(chunk, {"delta": delta or {}}, generation, usage)
 
 
-def completion_response(id: str, model: str, fingerprint: str, generation: Generation) -> dict[str, Any]:
+def completion_chunk(id: str, model: str, fingerprint: str, created: int, *, text: str = "",
+                     generation: Generation | None = None, usage: bool = False) -> dict[str, Any]:
+    """A streamed `text_completion`, as `chat_chunk`."""
+    chunk = _common(id, "text_completion", model, fingerprint, created)
+    return _chunk(chunk, {"text": text}, generation, usage)
+
+
+def _whole(common: dict[str, Any], choice: dict[str, Any], generation: Generation) -> dict[str, Any]:
     return {
-        **_common(id, "text_completion", model, fingerprint),
-        "choices": [{"index": 0, "text": generation.text, "finish_reason": generation.finish_reason,
-                     "logprobs": None}],
+        **common,
+        "choices": [{"index": 0, **choice, "finish_reason": generation.finish_reason, "logprobs": None}],
         "usage": usage_of(generation.receipt),
         RECEIPT_FIELD: generation.receipt.model_dump(mode="json"),
     }
 
 
-def completion_chunk(id: str, model: str, fingerprint: str, created: int, *, text: str = "",
-                     generation: Generation | None = None, usage: bool = False) -> dict[str, Any]:
-    chunk = _common(id, "text_completion", model, fingerprint, created)
+def _chunk(chunk: dict[str, Any], choice: dict[str, Any], generation: Generation | None, usage: bool) -> dict[str, Any]:
     if usage and generation is not None:
         return {**chunk, "choices": [], "usage": usage_of(generation.receipt)}
     finish = generation.finish_reason if generation is not None else None
-    chunk["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
+    chunk["choices"] = [{"index": 0, **choice, "finish_reason": finish, "logprobs": None}]
     if generation is not None:
         chunk[RECEIPT_FIELD] = generation.receipt.model_dump(mode="json")
     return chunk

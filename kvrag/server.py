@@ -326,23 +326,21 @@ def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastA
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: ChatRequest) -> Response | dict[str, Any]:
-        arrived = time.perf_counter()
-        w = worker()
-        w.check_model(request.model)
-        return await _respond(w, w.chat_stream(request), request, arrived, chat=True)
+        return await _respond(worker, request)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: CompletionRequest) -> Response | dict[str, Any]:
-        arrived = time.perf_counter()
-        w = worker()
-        w.check_model(request.model)
-        return await _respond(w, w.completion_stream(request), request, arrived, chat=False)
+        return await _respond(worker, request)
 
     return app
 
 
-async def _respond(w: Worker, build: Callable[[], GenerationStream], request: ChatRequest | CompletionRequest,
-                   arrived: float, *, chat: bool) -> Response | dict[str, Any]:
+async def _respond(worker: Callable[[], Worker], request: ChatRequest | CompletionRequest) -> Response | dict[str, Any]:
+    arrived = time.perf_counter()
+    w = worker()
+    w.check_model(request.model)
+    chat = isinstance(request, ChatRequest)
+    build = w.chat_stream(request) if chat else w.completion_stream(request)
     id = api.new_id("chatcmpl" if chat else "cmpl")
     name, fingerprint = w.settings.name, w.fingerprint
     events = w.events(build, arrived)

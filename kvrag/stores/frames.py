@@ -119,7 +119,6 @@ class Assembler:
     def received(self, index: int) -> None:
         """Frame `index` is in its slot: check it on the hashing threads."""
         self._checks.append(hash_pool().submit(self._check_in_place, index))
-        self._next = max(self._next, index + 1)
 
     def _check_in_place(self, index: int) -> None:
         if hashlib.sha256(self.slot(index)).hexdigest() != self.record.frames[index]:

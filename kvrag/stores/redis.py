@@ -34,6 +34,8 @@ def _lanes() -> ThreadPoolExecutor:
         if _LANES is None:
             _LANES = ThreadPoolExecutor(8, thread_name_prefix="kvrag-redis-lane")
         return _LANES
+
+
 _STATE_FROM_KEY = re.compile(r"\{([0-9a-f]{64})\}")
 
 
@@ -165,10 +167,10 @@ class RedisStore(StateStore, BlobStore):
         the wire, over `streams` connections of our own to the node that holds the state."""
         assert self.frame_pool is not None
         pool = self.frame_pool
-        host, port = self._node_of(keys[0])
-        lanes = min(self.streams, len(keys))
         if self.breaker.is_open:
             raise StoreError(f"GET frames skipped on {self.url}: {self.breaker.why}")
+        host, port = self._node_of(keys[0])
+        lanes = min(self.streams, len(keys))
 
         def lane(start: int) -> bool:
             connection = pool.take(host, port)
