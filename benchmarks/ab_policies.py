@@ -1,6 +1,6 @@
 """`kvrag ab` under both deposit policies at several k, and each exact lever under `lazy`.
 
-Runs the A/B harness (`kvrag.ab.run_ab`) on the bundled set with smollm2-135m in one process,
+Runs the A/B harness (`kvrag.apps.ab.run_ab`) on the bundled set with smollm2-135m in one process,
 each configuration on a fresh memory store (Redis is measured in "Stores and tiers"), and prints
 the README's tables: receipt mode mix, whole-context hit rate, token reuse, median TTFT ratio
 overall and per mode, accuracy per arm, and the deposit cost.
@@ -17,8 +17,8 @@ import json
 from tqdm import tqdm
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.ab import ABSummary, load_jsonl, run_ab
-from kvrag.samples import sample_paths
+from kvrag.apps.ab import ABSummary, load_jsonl, run_ab
+from kvrag.data import sample_paths
 
 
 def line(label: str, s: ABSummary) -> str:

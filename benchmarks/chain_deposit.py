@@ -20,7 +20,7 @@ import time
 from tqdm import tqdm
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.samples import long_document
+from kvrag.data import long_document
 
 
 def main() -> None:

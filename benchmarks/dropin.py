@@ -21,7 +21,7 @@ from collections import Counter
 from tqdm import tqdm
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.samples import sample_docs, sample_questions
+from kvrag.data import sample_docs, sample_questions
 
 TEMPLATE = "Answer the question based only on the following context:\n{context}\n\nQuestion: {question}\n"
 
@@ -33,7 +33,6 @@ def langchain_arm(engine: KVEngine, k: int, max_tokens: int):  # type: ignore[no
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
     from langchain_core.runnables import RunnablePassthrough
-
     from langchain_kvrag import ChatKVRAG
 
     retriever = BM25Retriever.from_documents([Document(page_content=d.text, id=d.id) for d in sample_docs()], k=k)
@@ -66,7 +65,6 @@ def llamaindex_arm(engine: KVEngine, k: int, max_tokens: int):  # type: ignore[n
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.event_handlers import BaseEventHandler
     from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
-
     from llama_index.llms.kvrag import KVRagLLM
 
     class HashingEmbedding(BaseEmbedding):

@@ -17,7 +17,7 @@ from importlib import resources
 from tqdm import tqdm
 
 from kvrag import KVEngine, load_model
-from kvrag.library import Library
+from kvrag.apps.library import Library
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from kvrag.samples import sample_docs, sample_questions
+from kvrag.data import sample_docs, sample_questions
 from kvrag.testing import KVRagServer, RedisCluster, RedisServer
 
 

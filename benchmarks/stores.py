@@ -20,14 +20,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from tqdm import tqdm
 
 from kvrag import KVEngine, load_model
-from kvrag.digests import CHUNK_BYTES, VerifiedBuffer, chunk_digests
-from kvrag.samples import long_document
-from kvrag.stores import open_store
+from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, chunk_digests
+from kvrag.data import long_document
+from kvrag.stores import Checked, PayloadLayout, open_store
 from kvrag.testing import RedisCluster, RedisServer
 
 QUESTION = "According to the document, who built the lighthouse at Varrow Point, and when?"
@@ -36,10 +35,10 @@ QUESTION = "According to the document, who built the lighthouse at Varrow Point,
 def verified_restore(store, key: str, digests: list[str], size: int) -> float:
     """A read as the engine's checks make it: the layout known before the payload (as a checked
     manifest gives it), every chunk's SHA-256 compared, by the store as it reads or here after."""
-    layout = SimpleNamespace(payload_bytes=size, payload_chunk_bytes=CHUNK_BYTES, payload_chunks=digests)
+    layout = PayloadLayout(size, CHUNK_BYTES, digests)
     began = time.perf_counter()
-    payload = store.read(key, lambda raw: layout).payload
-    if not (isinstance(payload, VerifiedBuffer) and list(payload.chunk_digests) == digests):
+    payload = store.read(key, lambda raw: Checked(None, layout)).payload
+    if not (isinstance(payload, CheckedBuffer) and list(payload.chunk_digests) == digests):
         assert chunk_digests(payload) == digests
     return time.perf_counter() - began
 

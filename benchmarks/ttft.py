@@ -23,7 +23,7 @@ import tempfile
 from tqdm import tqdm
 
 from kvrag import DiskStore, KVEngine, MemoryStore, load_model
-from kvrag.samples import long_document
+from kvrag.data import long_document
 
 QUESTION = "According to the document, who built the lighthouse at Varrow Point, and when?"
 

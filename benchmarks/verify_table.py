@@ -13,7 +13,7 @@ import json
 from tqdm import tqdm
 
 from kvrag import load_model, verify_model
-from kvrag.tiny import TINY_FAMILIES
+from kvrag.models.tiny import TINY_FAMILIES
 
 
 def main() -> None:

@@ -18,9 +18,9 @@ from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
-
-from kvrag.samples import sample_docs, sample_questions
 from langchain_kvrag import ChatKVRAG
+
+from kvrag.data import sample_docs, sample_questions
 
 documents = [Document(page_content=d.text, metadata={"title": d.title}, id=d.id) for d in sample_docs()]
 retriever = BM25Retriever.from_documents(documents, k=2)

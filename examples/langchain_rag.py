@@ -6,10 +6,10 @@
 from __future__ import annotations
 
 from langchain_core.documents import Document
+from langchain_kvrag import ChatKVRAG, KVRetriever, create_kv_rag_chain
 
 from kvrag import KVEngine, load_model
-from kvrag.samples import sample_docs, sample_questions
-from langchain_kvrag import ChatKVRAG, KVRetriever, create_kv_rag_chain
+from kvrag.data import sample_docs, sample_questions
 
 
 def main(store: str = "memory://", questions: int = 4, k: int = 1) -> list[dict]:

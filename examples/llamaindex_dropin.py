@@ -24,9 +24,9 @@ from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
-
-from kvrag.samples import sample_docs, sample_questions
 from llama_index.llms.kvrag import KVRagLLM
+
+from kvrag.data import sample_docs, sample_questions
 
 
 class HashingEmbedding(BaseEmbedding):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import TextNode
-
-from kvrag import KVEngine, load_model
-from kvrag.samples import sample_docs, sample_questions
 from llama_index.llms.kvrag import KVRagLLM, KVSynthesizer
 from llama_index.retrievers.kvrag import KVRetriever
+
+from kvrag import KVEngine, load_model
+from kvrag.data import sample_docs, sample_questions
 
 
 def main(store: str = "memory://", questions: int = 4) -> list[dict]:

@@ -8,8 +8,21 @@
     ('Mara Quill built it.', 'exact-graft')
 """
 
-from kvrag.artifact import StateManifest
-from kvrag.engine import Continuation, Generation, GenerationStream, KVEngine, Segment, StateRef
+from kvrag.apps import VerifyReport, verify_model
+from kvrag.artifacts import StateManifest
+from kvrag.core import (
+    Continuation,
+    Engine,
+    Generation,
+    GenerationStream,
+    Message,
+    Receipt,
+    Segment,
+    StateRef,
+    StateUse,
+    Timings,
+)
+from kvrag.engine import KVEngine
 from kvrag.errors import (
     ContextTooLongError,
     EmptyTextError,
@@ -25,12 +38,11 @@ from kvrag.errors import (
     StoreUnavailableError,
     VerificationError,
 )
-from kvrag.fingerprints import HardwareFingerprint, ModelFingerprint, hardware_fingerprint
-from kvrag.invariant import register as _register_invariant
-from kvrag.models import LoadedModel, load_model
-from kvrag.receipt import Receipt, StateUse, Timings
+from kvrag.kernels import register as _register_invariant
+from kvrag.models import HardwareFingerprint, LoadedModel, ModelFingerprint, hardware_fingerprint, load_model
+from kvrag.reuse import Provenance
 from kvrag.stores import BlobStore, DiskStore, MemoryStore, RedisStore, StateStore, TieredStore, open_store
-from kvrag.verify import VerifyReport, verify_model
+from kvrag.trust import EngineIdentity
 
 __version__ = "0.1.0"
 
@@ -41,6 +53,10 @@ __all__ = [
     "load_model",
     "LoadedModel",
     "KVEngine",
+    "Engine",
+    "EngineIdentity",
+    "Message",
+    "Provenance",
     "StateRef",
     "Segment",
     "Continuation",

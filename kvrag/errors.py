@@ -18,7 +18,7 @@
     └── StoreError                  a store URL is wrong, or a store failed to read or write
 
 A `StateError` carries the receipt reason it is written as (`StateError.reason`); the set of
-reasons a receipt can hold is `kvrag.receipt.Reason`. The explicit state APIs
+reasons a receipt can hold is `kvrag.core.receipt.Reason`. The explicit state APIs
 (`KVEngine.restore`, `KVEngine.deposit(after=...)`) raise `StateError`s; `generate` never does,
 it falls back to the text.
 """
@@ -69,7 +69,7 @@ class VerificationError(KVRagError):
 class StateError(KVRagError):
     """A stored state that must not be grafted. The engine falls back to re-reading its text."""
 
-    #: the receipt reason (one of `kvrag.receipt.Reason`)
+    #: the receipt reason (one of `kvrag.core.receipt.Reason`)
     reason: str = "integrity"
 
 

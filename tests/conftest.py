@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from kvrag import KVEngine, LoadedModel, MemoryStore, load_model  # noqa: E402
-from kvrag.tiny import TINY_FAMILIES  # noqa: E402
+from kvrag.models.tiny import TINY_FAMILIES  # noqa: E402
 
 FAMILIES = sorted(TINY_FAMILIES)
 DTYPES = ["float32", "bfloat16"]
@@ -34,8 +34,8 @@ def resigned(engine: KVEngine, manifest: bytes | dict) -> bytes:
     holding the key could write, so a test reaches the checks behind the signature."""
     import json
 
-    from kvrag.artifact import parse_manifest
-    from kvrag.signing import sign_manifest
+    from kvrag.artifacts.format import parse_manifest
+    from kvrag.trust.signing import sign_manifest
 
     raw = json.dumps(manifest).encode() if isinstance(manifest, dict) else manifest
     return sign_manifest(parse_manifest(raw), engine.signing_key).to_json_bytes()

@@ -19,14 +19,26 @@ from urllib.parse import parse_qsl, urlencode
 
 from kvrag.errors import StoreError
 from kvrag.paths import kvrag_home
-from kvrag.stores.base import UNTRUSTED_PARSE_ERRORS, BlobStore, Found, StateCheck, StateStore, StoredState
+from kvrag.stores.base import (
+    UNTRUSTED_PARSE_ERRORS,
+    BlobStore,
+    Checked,
+    Found,
+    ManifestCheck,
+    PayloadLayout,
+    StateCheck,
+    StateStore,
+    StoredState,
+)
+from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Breaker, Deadline
 from kvrag.stores.disk import DiskStore
 from kvrag.stores.memory import MemoryStore
-from kvrag.stores.redis import RedisStore
-from kvrag.stores.redis_url import redis_store_from_url
+from kvrag.stores.redis import RedisStore, redis_store_from_url
 from kvrag.stores.tiered import TieredStore
 
-__all__ = ["UNTRUSTED_PARSE_ERRORS", "StateStore", "BlobStore", "StoredState", "StateCheck", "Found", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "open_store", "default_store_url"]
+__all__ = ["UNTRUSTED_PARSE_ERRORS", "StateStore", "BlobStore", "StoredState", "StateCheck", "Checked", "ManifestCheck",
+           "PayloadLayout", "Found", "Deadline", "Breaker", "DEFAULT_DEADLINE_S", "DiskStore", "MemoryStore", "RedisStore",
+           "TieredStore", "open_store", "default_store_url"]
 
 _SCHEMES = "disk://PATH, memory://, redis://, rediss://, redis+cluster://, or a comma list of them"
 

@@ -17,11 +17,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
-from kvrag.digests import CHUNK_BYTES
+from kvrag.artifacts.digests import CHUNK_BYTES, PayloadLayout
 from kvrag.errors import IntegrityError, StateError, StateNotFoundError, StoreError, StoreUnavailableError
 from kvrag.stores.deadline import Breaker, Deadline, bounded
 
-__all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Found", "check_key", "check_blob_name",
+__all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Checked", "ManifestCheck", "PayloadLayout", "Found", "check_key", "check_blob_name",
            "UNTRUSTED_PARSE_ERRORS", "shorten"]
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -57,21 +57,34 @@ def check_key(key: str) -> str:
 
 
 @dataclass(frozen=True)
+class Checked:
+    """What a manifest check returned: the reader's own value (handed to its payload check) and
+    the payload layout it vouches for (None: the store reads the payload as it is, unchecked)."""
+
+    value: Any
+    layout: PayloadLayout | None = None
+
+
+#: A manifest check as a store's `read` takes it: raw manifest bytes in, `Checked` out (or raise).
+ManifestCheck = Callable[[bytes], Checked]
+
+
+@dataclass(frozen=True)
 class StoredState:
     """A manifest and the payload written with it. `payload` has the buffer protocol (often a view
     over a mapping or a received buffer: no copy); `checked` is what the read's check returned."""
 
     manifest: bytes
     payload: Any
-    checked: Any = None
+    checked: Checked | None = None
 
 
 class StateCheck(Protocol[T_co]):
     """What a reader accepts. Raise a `StateError` from either method to refuse the state."""
 
-    def manifest(self, raw: bytes, store: "StateStore") -> Any:
-        """Check manifest bytes (read from `store`) before any payload byte is read; the result
-        goes to `payload`."""
+    def manifest(self, raw: bytes, store: "StateStore") -> Checked:
+        """Check manifest bytes (read from `store`) before any payload byte is read; the result's
+        `value` goes to `payload`, its `layout` tells the store how to read and check the payload."""
 
     def payload(self, manifest: Any, payload: Any) -> T_co:
         """Check the payload against the checked manifest; the result is what `fetch` returns."""
@@ -139,11 +152,11 @@ class StateStore(Guarded, ABC):
     chunk_bytes: int = CHUNK_BYTES
 
     @abstractmethod
-    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
         """The manifest and payload of one write, or None. `check(manifest)` runs before the payload
         is read; what it raises propagates, what it returns is `StoredState.checked`. When that
-        has the manifest's layout (`payload_bytes`, `payload_chunk_bytes`, `payload_chunks`, as a
-        `StateManifest` does), the payload is read to it and checked chunk by chunk as it arrives."""
+        carries a `PayloadLayout`, the payload is read to it and checked chunk by chunk as it
+        arrives (a payload of another size is an `IntegrityError`)."""
 
     @abstractmethod
     def read_manifest(self, key: str) -> bytes | None:
@@ -176,7 +189,8 @@ class StateStore(Guarded, ABC):
             stored = self.read(key, lambda raw: check.manifest(raw, self))
             if stored is None:
                 raise StateNotFoundError(f"no state {key[:12]} (or a part of it) in {self.url}")
-            return Found(check.payload(stored.checked, stored.payload), self.url, stored)
+            checked = stored.checked.value if stored.checked is not None else None
+            return Found(check.payload(checked, stored.payload), self.url, stored)
 
         try:
             return self.guarded(read_and_check, deadline, f"reading {key[:12]} from {self.url}")

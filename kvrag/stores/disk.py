@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from kvrag.digests import read_checked
+from kvrag.artifacts.digests import read_checked
 from kvrag.errors import IntegrityError, StoreError
-from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
+from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
 
 __all__ = ["DiskStore"]
 
@@ -90,7 +90,7 @@ class DiskStore(StateStore, BlobStore):
             raise IntegrityError(f"state file {key[:12]} was truncated while read")
         return length, manifest
 
-    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
         """The manifest, checked, then the payload of the same file (one open, one `readinto`)."""
 
         def read(f: Any, size: int) -> StoredState:
@@ -98,9 +98,10 @@ class DiskStore(StateStore, BlobStore):
             checked = check(manifest) if check else None
             offset = _payload_offset(length)
             f.seek(offset)
-            if hasattr(checked, "payload_chunks") and checked.payload_bytes == size - offset:
+            layout = checked.layout if checked is not None else None
+            if layout is not None and layout.size == size - offset:
                 # Each chunk is hashed against the signed manifest while the next one is read.
-                payload = read_checked(f.readinto, size - offset, checked.payload_chunk_bytes, checked.payload_chunks)
+                payload = read_checked(f.readinto, size - offset, layout.chunk_bytes, layout.chunks)
                 if payload is None:
                     raise IntegrityError(f"state file {key[:12]}: a chunk does not match its SHA-256 or the file "
                                          "changed while read")

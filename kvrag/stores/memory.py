@@ -7,11 +7,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-from kvrag.digests import VerifiedBuffer
+from kvrag.artifacts.digests import CheckedBuffer
 from kvrag.errors import StoreError
-from kvrag.stores.base import BlobStore, StateStore, StoredState, check_blob_name, check_key
+from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
 
 __all__ = ["MemoryStore"]
 
@@ -76,7 +76,7 @@ class MemoryStore(StateStore, BlobStore):
             self.bytes_held -= _size(entry, value)
 
     # ------------------------------------------------------------------ states
-    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
         state = self._get(("state", check_key(key)))
         if state is None:
             return None
@@ -88,15 +88,15 @@ class MemoryStore(StateStore, BlobStore):
         return state[0] if state else None
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
-        size = len(manifest) + (len(payload) if isinstance(payload, VerifiedBuffer) else memoryview(payload).nbytes)
+        size = len(manifest) + (len(payload) if isinstance(payload, CheckedBuffer) else memoryview(payload).nbytes)
         if self.max_bytes is not None and size > self.max_bytes:
             with self._lock:
                 self._drop(("state", check_key(key)))
             return
-        # A payload another tier already checked (a `VerifiedBuffer`, which kvrag never writes
+        # A payload another tier already checked (a `CheckedBuffer`, which kvrag never writes
         # into) is kept as it is: promoting a state into this tier copies nothing, and a hit
         # hashes nothing again.
-        value = (bytes(manifest), payload if isinstance(payload, VerifiedBuffer) else bytes(payload))
+        value = (bytes(manifest), payload if isinstance(payload, CheckedBuffer) else bytes(payload))
         self._set(("state", check_key(key)), value, len(value[0]) + len(value[1]))
 
     def delete(self, key: str) -> None:

@@ -11,7 +11,7 @@ import logging
 from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 from kvrag.errors import StateError, StateNotFoundError, StoreError
-from kvrag.stores.base import BlobStore, Found, StateCheck, StateStore, StoredState, check_blob_name
+from kvrag.stores.base import BlobStore, Found, ManifestCheck, StateCheck, StateStore, StoredState, check_blob_name
 from kvrag.stores.deadline import Deadline
 
 __all__ = ["TieredStore"]
@@ -39,7 +39,7 @@ class TieredStore(StateStore, BlobStore):
     def tiers(self) -> list[StateStore]:
         return list(self._tiers)
 
-    def read(self, key: str, check: Callable[[bytes], Any] | None = None) -> StoredState | None:
+    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
         """The first tier's copy (unchecked beyond `check`); `fetch` is the checked, promoting read."""
         errors = []
         for tier in self.tiers:

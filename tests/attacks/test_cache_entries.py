@@ -5,7 +5,6 @@ from __future__ import annotations
 from langchain_core.load import dumps
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration
-
 from langchain_kvrag import KVCache
 
 

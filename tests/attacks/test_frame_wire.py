@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvrag.errors import IntegrityError, StoreError
-from kvrag.stores.wire import FrameConnection
+from kvrag.stores.redis.wire import FrameConnection
 
 FRAME = 64
 
@@ -84,7 +84,7 @@ def test_any_reply_is_a_frame_a_miss_or_a_typed_error(reply):
 
 
 def test_a_cluster_redirection_is_its_own_error():
-    from kvrag.stores.wire import Redirected
+    from kvrag.stores.redis.wire import Redirected
 
     connection, thread = answer(b"-MOVED 3999 127.0.0.1:7002\r\n")
     try:

@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from kvrag import StoreError, open_store
-from kvrag.maintenance import collect_garbage
+from kvrag.apps.maintenance import collect_garbage
 
 from ..conftest import DOC_A, QUESTION
 from .conftest import engine

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvrag.memo import MemoEntry, Provenance
+from kvrag.reuse.memo import MemoEntry, Provenance
 
 from ..conftest import DOC_A
 from .conftest import engine, text_logits

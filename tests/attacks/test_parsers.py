@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from kvrag.digests import chunk_digests
+from kvrag.artifacts.digests import chunk_digests
 
 from ..conftest import DOC_A, QUESTION, resigned
 from .conftest import engine, text_logits

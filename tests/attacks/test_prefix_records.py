@@ -9,8 +9,8 @@ import json
 import redis
 
 from kvrag import KVEngine
-from kvrag.prefixes import prefix_marks
-from kvrag.transcript import Message
+from kvrag.core.transcript import Message
+from kvrag.reuse.prefixes import prefix_marks
 
 from ..conftest import DOC_A, DOC_B, DOC_C, QUESTION, tiny
 from .conftest import DEADLINE_S, MODEL_MARGIN_S, timed
@@ -33,7 +33,7 @@ def test_unsealed_or_garbage_prefix_records_are_ignored(server):
     ids = victim.renderer.render([Message(**m) for m in ASKED]).ids
     raw = redis.Redis(port=server.port)
     bodies = [json.dumps({"key": decoy.key}).encode(), b"\x00" * 10_000, b"{", b'{"key": 5}']
-    for i, (_, name) in enumerate(prefix_marks(victim.scope(), ids)):
+    for i, (_, name) in enumerate(prefix_marks(victim.identity.scope, ids)):
         raw.set(f"kvrag:blob:{name}", bodies[i % len(bodies)])  # written without the signing key
     answer, took = timed(lambda: victim.chat(ASKED, max_new_tokens=1))
     assert answer.receipt.first_token_logits_sha256 == _text(victim)
@@ -47,7 +47,7 @@ def test_a_resealed_record_naming_another_chain_grafts_only_shared_tokens(server
     victim = _engine(server.url)
     decoy = victim.deposit_chain([DOC_C])[0]
     ids = victim.renderer.render([Message(**m) for m in ASKED]).ids
-    for _, name in prefix_marks(victim.scope(), ids):
+    for _, name in prefix_marks(victim.identity.scope, ids):
         victim.records.put(name, json.dumps({"key": decoy.key}).encode())
     answer = victim.chat(ASKED, max_new_tokens=1)
     decoy_ids = victim.plan([DOC_C])[0].ids

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration
-
-from kvrag.memo import Provenance
-from kvrag.testing import RedisServer
 from langchain_kvrag import KVCache
+
+from kvrag.reuse.memo import Provenance
+from kvrag.testing import RedisServer
 
 from ..conftest import DOC_A, QUESTION
 from .conftest import engine, text_logits

@@ -9,8 +9,8 @@ import stat
 import pytest
 
 from kvrag import InputError, KVEngine, MemoryStore
-from kvrag.artifact import parse_manifest
-from kvrag.signing import default_key_path, sign_manifest
+from kvrag.artifacts.format import parse_manifest
+from kvrag.trust.signing import default_key_path, sign_manifest
 
 from ..conftest import DOC_A, QUESTION, tiny
 from .conftest import engine, text_logits

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvrag import InputError, KVEngine, MemoryStore
-from kvrag.ab import ABSummary, load_jsonl, run_ab, write_report
+from kvrag.apps.ab import ABSummary, load_jsonl, run_ab, write_report
+from kvrag.apps.library import Library, ends_with_answer, load_verifier
 from kvrag.cli import app
-from kvrag.library import Library, ends_with_answer, load_verifier
-from kvrag.samples import sample_docs
+from kvrag.data import sample_docs
 
 from ..conftest import tiny
 
@@ -88,12 +88,12 @@ def test_library_verifies_deposits_and_answers_recurring_problems_from_memo():
     assert recurring.text == PROBLEMS[0]["solution"]
     new, used = library.solve("A baker makes 9 loaves an hour for 3 hours. How many loaves?", k=1, max_new_tokens=4)
     assert new.receipt.mode == "exact-graft" and [e.id for e in used] == ["p1"]
-    assert {e.provenance.by for e in library.entries()} == {"kvrag.library:ends_with_answer"}
+    assert {e.provenance.by for e in library.entries()} == {"kvrag.apps.library:ends_with_answer"}
 
 
 def test_verifiers():
     assert ends_with_answer("", "so it is 84.", "84") and not ends_with_answer("", "84 is wrong", "84")
-    assert load_verifier("kvrag.library:ends_with_answer")[0] is ends_with_answer
+    assert load_verifier("kvrag.apps.library:ends_with_answer")[0] is ends_with_answer
     with pytest.raises(InputError):
         load_verifier("no.such.module:check")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvrag import KVEngine, MemoryStore
-from kvrag.samples import sample_docs
+from kvrag.data import sample_docs
 
 pytestmark = pytest.mark.slow
 

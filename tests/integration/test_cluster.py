@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvrag import KVEngine, MemoryStore
-from kvrag.samples import long_document
+from kvrag.data import long_document
 
 from ..conftest import DOC_A, QUESTION, tiny
 

@@ -6,7 +6,7 @@ import multiprocessing as mp
 import threading
 
 from kvrag import KVEngine, MemoryStore, open_store
-from kvrag.artifact import decode_payload, parse_manifest
+from kvrag.artifacts.format import decode_payload, parse_manifest
 
 from ..conftest import DOC_A, DOC_B, QUESTION, tiny
 

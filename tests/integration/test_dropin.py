@@ -21,6 +21,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_kvrag import ChatKVRAG
 from llama_index.core import Document as LlamaDocument
 from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.chat_engine import CondensePlusContextChatEngine
@@ -29,11 +30,10 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
 from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.llms.kvrag import KVRagLLM
 
 from kvrag import KVEngine, MemoryStore
-from kvrag.samples import sample_docs
-from langchain_kvrag import ChatKVRAG
-from llama_index.llms.kvrag import KVRagLLM
+from kvrag.data import sample_docs
 
 pytestmark = pytest.mark.slow
 

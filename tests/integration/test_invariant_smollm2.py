@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.runner import logits_sha256
-from kvrag.transcript import Message
-from kvrag.verify import verify_model
+from kvrag.apps.verify import verify_model
+from kvrag.core.runner import logits_sha256
+from kvrag.core.transcript import Message
 
 from ..conftest import DOC_A, DOC_B, QUESTION
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from langchain_core.documents import Document
 from langchain_core.messages import HumanMessage
+from langchain_kvrag import STATE_KEY, ChatKVRAG, KVRetriever, create_kv_rag_chain, state_blocks
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.samples import sample_docs
-from langchain_kvrag import STATE_KEY, ChatKVRAG, KVRetriever, create_kv_rag_chain, state_blocks
+from kvrag.data import sample_docs
 
 from ..conftest import load_example
 

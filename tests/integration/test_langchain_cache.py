@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from langchain_tests.integration_tests import AsyncCacheTestSuite, SyncCacheTestSuite
-
 from langchain_kvrag import KVCache
+from langchain_tests.integration_tests import AsyncCacheTestSuite, SyncCacheTestSuite
 
 
 class TestKVCacheRedisSync(SyncCacheTestSuite):
@@ -34,10 +33,9 @@ class TestKVCacheTieredAsync(AsyncCacheTestSuite):
 
 def test_the_cache_serves_a_chat_model(tmp_path):
     from langchain_core.globals import set_llm_cache
+    from langchain_kvrag import ChatKVRAG
 
     from kvrag import KVEngine, MemoryStore
-
-    from langchain_kvrag import ChatKVRAG
 
     from ..conftest import tiny
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from functools import lru_cache
 
 from langchain_core.documents import Document
+from langchain_kvrag import ChatKVRAG, KVRetriever
 from langchain_tests.integration_tests import ChatModelIntegrationTests, RetrieversIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.samples import sample_docs
-from langchain_kvrag import ChatKVRAG, KVRetriever
+from kvrag.data import sample_docs
 
 
 @lru_cache(maxsize=None)

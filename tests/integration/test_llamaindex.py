@@ -8,11 +8,11 @@ import json
 import pytest
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import MetadataMode, QueryBundle, TextNode
-
-from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.samples import sample_docs
 from llama_index.llms.kvrag import KVQueryEngine, KVRagLLM, KVSynthesizer
 from llama_index.retrievers.kvrag import STATE_KEY, KVRetriever
+
+from kvrag import KVEngine, MemoryStore, load_model
+from kvrag.data import sample_docs
 
 from ..conftest import load_example, tiny
 

@@ -8,16 +8,15 @@ import time
 
 import pytest
 import redis as redis_py
-
-from kvrag import IntegrityError, KVEngine, MemoryStore, StoreError, open_store
-from kvrag.artifact import parse_manifest
-from kvrag.signing import resolve_signing_key, sign_manifest
-from kvrag.stores import DiskStore, RedisStore, TieredStore
-from kvrag.stores.frames import parse_record
-from kvrag.testing import RedisServer, free_port
 from typer.testing import CliRunner
 
+from kvrag import IntegrityError, KVEngine, MemoryStore, StoreError, open_store
+from kvrag.artifacts.format import parse_manifest
 from kvrag.cli import app
+from kvrag.stores import DiskStore, RedisStore, TieredStore
+from kvrag.stores.redis.frames import parse_layout
+from kvrag.testing import RedisServer, free_port
+from kvrag.trust.signing import resolve_signing_key, sign_manifest
 
 from ..conftest import DOC_A, DOC_B, QUESTION, tiny
 
@@ -286,7 +285,7 @@ def test_frame_records_are_checked_before_allocating(redis_server):
     record["payload_bytes"] = 1 << 40
     _raw(redis_server).set(name, json.dumps(record))
     with pytest.raises(IntegrityError, match="frame record is malformed"):
-        parse_record(_raw(redis_server).get(name))
+        parse_layout(_raw(redis_server).get(name))
     assert engine.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.states[0].reason == "integrity"
 
 

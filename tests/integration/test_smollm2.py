@@ -5,10 +5,10 @@ import json
 import pytest
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.demo import run_demo
-from kvrag.memo import Provenance
+from kvrag.apps.demo import run_demo
+from kvrag.apps.verify import verify_model
 from kvrag.paths import kvrag_home
-from kvrag.verify import verify_model
+from kvrag.reuse.memo import Provenance
 
 from ..conftest import DOC_A, QUESTION
 

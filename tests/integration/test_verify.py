@@ -5,8 +5,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from kvrag.apps.verify import verify_model
 from kvrag.cli import app
-from kvrag.verify import verify_model
 
 from ..conftest import ATTNS, DTYPES, FAMILIES, tiny
 

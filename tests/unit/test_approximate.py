@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvrag import KVEngine, MemoryStore
-from kvrag import approximate as approx
+from kvrag.reuse import approximate as approx
 
 from ..conftest import DOC_A, DOC_B, QUESTION, tiny
 

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvrag import IntegrityError, KVEngine, MemoryStore
-from kvrag.artifact import decode_payload, encode_payload, parse_manifest, state_key
-from kvrag.digests import chunk_digests
+from kvrag.artifacts.digests import chunk_digests
+from kvrag.artifacts.format import decode_payload, encode_payload, parse_manifest, state_key
 
 from ..conftest import DOC_A, tiny
 

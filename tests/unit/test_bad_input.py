@@ -14,9 +14,8 @@ from kvrag import (
     MemoryStore,
     StateNotFoundError,
 )
-
-from kvrag.artifact import parse_manifest
-from kvrag.signing import sign_manifest
+from kvrag.artifacts.format import parse_manifest
+from kvrag.trust.signing import sign_manifest
 
 from ..conftest import DOC_A, DOC_B, QUESTION, resigned, tiny
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvrag import KVEngine, MemoryStore
-from kvrag.artifact import parse_manifest
+from kvrag.artifacts.format import parse_manifest
 
 from ..conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, resigned, tiny
 

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvrag import KVEngine, MemoryStore
-from kvrag.invariant import MIN_FORWARD_ROWS
-from kvrag.runner import ModelRunner, logits_sha256
+from kvrag.core.runner import ModelRunner, logits_sha256
+from kvrag.kernels.attention import MIN_FORWARD_ROWS
 
 from ..conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, tiny
 
@@ -92,7 +92,7 @@ def test_a_stock_model_can_load_the_kernel_by_name():
     from transformers import AutoModelForCausalLM
 
     import kvrag  # noqa: F401 - registers `invariant`
-    from kvrag.invariant_linear import make_linear_invariant
+    from kvrag.kernels.linear import make_linear_invariant
 
     model = tiny("llama", "float32", "invariant")
     stock = AutoModelForCausalLM.from_config(model.hf_model.config, attn_implementation="invariant")
@@ -112,7 +112,7 @@ def _prompt_ids(engine, messages):
 
 
 def engine_message(m):
-    from kvrag.transcript import Message
+    from kvrag.core.transcript import Message
 
     return Message(**m)
 
@@ -158,14 +158,14 @@ def test_a_sliding_window_model_reuses_whole_stored_states_only():
 def test_forged_prefix_records_graft_nothing():
     """A record is a hint: pointing it at a state whose verified tokens differ grafts only the
     tokens they share (here the chat template's opening), never the rest."""
-    from kvrag.prefixes import prefix_marks
+    from kvrag.reuse.prefixes import prefix_marks
 
     model = tiny("llama", "float32", "invariant")
     engine = KVEngine(model, MemoryStore())
     other = engine.deposit_chain([DOC_C])[0]
     asked = [SYSTEM, {"role": "user", "content": f"{DOC_A}\n{DOC_B}\nQuestion: {QUESTION}"}]
     ids = _prompt_ids(engine, asked)
-    for _, name in prefix_marks(engine.scope(), ids):  # signed with the engine's own key: only the hint lies
+    for _, name in prefix_marks(engine.identity.scope, ids):  # signed with the engine's own key: only the hint lies
         engine.records.put(name, f'{{"key": "{other.key}"}}'.encode())
     kv = engine.chat(asked, max_new_tokens=4)
     other_ids = engine.plan([DOC_C])[0].ids

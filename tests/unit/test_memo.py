@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvrag import InputError, KVEngine, MemoryStore
-from kvrag.memo import MemoEntry, Provenance, canonical_query
+from kvrag.reuse.memo import MemoEntry, Provenance, canonical_query
 
 from ..conftest import DOC_A, DOC_B, QUESTION, tiny
 

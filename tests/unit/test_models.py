@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from kvrag import ModelError, load_model
-from kvrag.models import _state_dict_sha256
-from kvrag.tiny import TINY_FAMILIES
+from kvrag.models.loading import _state_dict_sha256
+from kvrag.models.tiny import TINY_FAMILIES
 
 from ..conftest import tiny
 

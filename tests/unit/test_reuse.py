@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from kvrag import KVEngine, MemoryStore
-from kvrag.ab import run_ab
-from kvrag.continuation import Continuation
-from kvrag.gate import kl_divergence
-from kvrag.reuse import ChainWarmer, stored_prefix_first
+from kvrag.apps.ab import run_ab
+from kvrag.core.continuation import Continuation
+from kvrag.reuse.gate import kl_divergence
+from kvrag.reuse.levers import ChainWarmer, stored_prefix_first
 from tests.conftest import DOC_A, DOC_B, DOC_C, tiny
 
 DOC_D = "The harbour at Kells was dredged in 1930. Fishing boats still land their catch there every morning."

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kvrag import InputError, KVEngine, MemoryStore
-from kvrag.memo import Provenance
+from kvrag.reuse.memo import Provenance
 
 from ..conftest import DOC_A, QUESTION, tiny
 

@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from kvrag import KVEngine, MemoryStore
-from kvrag.openai_api import ChatRequest, CompletionRequest
-from kvrag.server import ServeSettings, create_app, question_of
+from kvrag.server.app import ServeSettings, create_app, question_of
+from kvrag.server.openai_api import ChatRequest, CompletionRequest
 from kvrag.stores import open_store
 from tests.conftest import DOC_A, QUESTION, tiny
 

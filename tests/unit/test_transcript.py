@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvrag import InputError, KVEngine
+from kvrag.core.transcript import MIN_SEGMENT_TOKENS, Message, Renderer, messages_of
 from kvrag.errors import EmptyTextError
-from kvrag.transcript import MIN_SEGMENT_TOKENS, Message, Renderer, messages_of
 from tests.conftest import DOC_A, DOC_B, DOC_C, tiny
 
 TOKENIZER = tiny("llama").tokenizer

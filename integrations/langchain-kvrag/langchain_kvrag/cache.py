@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import hashlib
+import logging
 from typing import Any, Sequence
 
 from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
@@ -13,9 +13,8 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
 
 from kvrag.errors import StoreError
-from kvrag.records import SealedRecords
-from kvrag.signing import resolve_signing_key
 from kvrag.stores import StateStore, open_store
+from kvrag.trust import SealedRecords, resolve_signing_key
 
 __all__ = ["KVCache"]
 
@@ -30,7 +29,7 @@ class KVCache(BaseCache):
     """`set_llm_cache(KVCache("redis://127.0.0.1:6379/0"))`: one blob per (prompt, llm string).
 
     Entries are LangChain's own serialization of the generations (JSON, never pickle), sealed with
-    the signing key (see `kvrag.signing`) and bound to their slot: an entry rewritten or moved by
+    the signing key (see `kvrag.trust.signing`) and bound to their slot: an entry rewritten or moved by
     someone without the key is a miss. A store that fails is a miss on read and a logged warning on
     write; it never fails the call the cache sits behind.
     """

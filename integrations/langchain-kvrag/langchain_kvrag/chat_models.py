@@ -15,7 +15,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from kvrag import Generation, KVEngine
-from kvrag.frameworks import RECEIPT_KEY, STATE_KEY, states_for
+from kvrag.apps import RECEIPT_KEY, STATE_KEY, states_for
 
 __all__ = ["ChatKVRAG"]
 

@@ -10,7 +10,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, PrivateAttr
 
 from kvrag import KVEngine
-from kvrag.frameworks import STATE_KEY, Retrieved, StateRetrieval
+from kvrag.apps import STATE_KEY, Retrieved, StateRetrieval
 
 __all__ = ["KVRetriever", "STATE_KEY"]
 

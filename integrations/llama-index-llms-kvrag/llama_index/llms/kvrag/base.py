@@ -6,6 +6,7 @@ import asyncio
 import threading
 from typing import Any, AsyncGenerator, Generator, Iterator, Sequence
 
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -20,15 +21,14 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.base.response.schema import AsyncStreamingResponse, Response, StreamingResponse
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
-from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.response_synthesizers.base import BaseSynthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.retrievers.kvrag import KVRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from kvrag import GenerationStream, KVEngine, StateRef
-from kvrag.frameworks import RECEIPT_KEY, STATE_KEY, states_for
-from llama_index.retrievers.kvrag import KVRetriever
+from kvrag.apps import RECEIPT_KEY, STATE_KEY, states_for
 
 __all__ = ["KVRagLLM", "KVSynthesizer", "KVQueryEngine"]
 

@@ -10,7 +10,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
 
 from kvrag import KVEngine
-from kvrag.frameworks import STATE_KEY, STATE_METADATA_KEYS, Retrieved, StateRetrieval
+from kvrag.apps import STATE_KEY, STATE_METADATA_KEYS, Retrieved, StateRetrieval
 
 __all__ = ["KVRetriever", "STATE_KEY"]
 

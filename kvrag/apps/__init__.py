@@ -1,0 +1,17 @@
+"""Applications built on an engine: `kvrag verify`, the A/B harness, the solution library, the
+demo, store housekeeping (ls, inspect, gc), and what the framework adapters share."""
+
+from kvrag.apps.frameworks import (
+    FINGERPRINT_KEY,
+    RECEIPT_KEY,
+    STATE_KEY,
+    STATE_METADATA_KEYS,
+    Retrieved,
+    StateRetrieval,
+    states_for,
+)
+from kvrag.apps.library import Library
+from kvrag.apps.verify import VerifyReport, verify_model
+
+__all__ = ["STATE_KEY", "FINGERPRINT_KEY", "RECEIPT_KEY", "STATE_METADATA_KEYS", "Retrieved", "StateRetrieval",
+           "states_for", "Library", "VerifyReport", "verify_model"]

@@ -1,0 +1,113 @@
+"""The A/B harness's results: one row per question, the summary, and the JSONL input reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from pydantic import BaseModel
+
+from kvrag.errors import InputError
+
+__all__ = ["ABRow", "ABSummary", "Policy", "Order", "load_jsonl"]
+
+Policy = Literal["lazy", "warm"]
+Order = Literal["retrieval", "stored-first"]
+
+
+class ABRow(BaseModel):
+    id: str
+    question: str
+    answers: list[str]
+    recurring: bool
+    doc_ids: list[str]
+    prompt_tokens: int
+    text_answer: str
+    kv_answer: str
+    monolithic_answer: str
+    text_hit: bool
+    kv_hit: bool
+    text_mode: str
+    kv_mode: str
+    ttft_text_ms: float
+    ttft_kv_ms: float
+    prefill_tokens_text: int
+    prefill_tokens_kv: int
+    decode_tokens_text: int
+    decode_tokens_kv: int
+    logits_sha256_text: str
+    logits_sha256_kv: str
+    logits_sha256_monolithic: str = ""  # the conventional arm's (stock `model.generate`) first token
+    memoized: bool
+    tokens_reused_kv: int = 0
+    deposit_after_ms: float = 0.0  # the KV arm's deposit after answering (not in its TTFT)
+    deposit_before_ms: float = 0.0  # policy warm: the chain deposited right before the KV arm
+    order_changed: bool = False  # a lever reordered the retrieved documents (both arms read that order)
+    answer_changed_by_order: bool = False  # ...and text RAG in retrieval order answers differently
+    kl_vs_text: float = 0.0  # first-token KL(text arm || KV arm): zero unless the KV arm blended
+    first_token_agrees: bool = True
+    answer_changed_by_blend: bool = False  # the KV arm blended and answers differently from the text arm
+
+
+class ABSummary(BaseModel):
+    model: str
+    store: str
+    k: int
+    n: int
+    accuracy_text: float
+    accuracy_kv: float
+    answer_agreement: float
+    logits_byte_exact_rate: float
+    answer_agreement_monolithic: float
+    monolithic_byte_exact_rate: float = 0.0  # exact KV rows whose first-token logits equal the stock pass's
+    ttft_text_ms_median: float
+    ttft_kv_ms_median: float
+    ttft_ratio_median: float
+    prefill_tokens_text: int
+    prefill_tokens_kv: int
+    decode_tokens_text: int
+    decode_tokens_kv: int
+    memo_hits: int
+    recurring: int
+    exact_rows: int
+    policy: Policy = "warm"
+    levers: list[str] = []
+    mode_mix: dict[str, int] = {}
+    ttft_ratio_by_mode: dict[str, float] = {}
+    tokens_reused_kv: int = 0
+    full_hit_rate: float = 0.0  # rows whose whole context was grafted (exact-graft or memo)
+    token_reuse_rate: float = 0.0  # KV arm tokens reused / (reused + prefilled)
+    upfront_deposit_ms: float = 0.0
+    deposit_after_ms: float = 0.0
+    deposit_before_ms: float = 0.0
+    warm_chains: int = 0
+    blend_ratio: float | None = None
+    blend_gate: dict[str, Any] | None = None  # the gate's verdict for this model and ratio
+    approximate_rows: int = 0
+    kl_mean_approximate: float = 0.0  # over approximate rows, against the exact text arm
+    argmax_agreement_approximate: float = 1.0
+    rows: list[ABRow]
+
+
+def load_jsonl(path: str | Path, required: Sequence[str]) -> list[dict[str, Any]]:
+    """Read a JSONL file whose lines are objects with the `required` fields; a bad line is an InputError."""
+    rows = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e}") from e
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise InputError(f"{path}:{number} is not JSON: {e}") from e
+        missing = [f for f in required if not isinstance(row, dict) or f not in row]
+        if missing:
+            raise InputError(f"{path}:{number} lacks {', '.join(missing)}")
+        rows.append(row)
+    if not rows:
+        raise InputError(f"{path} has no lines")
+    return rows

@@ -1,0 +1,204 @@
+"""`kvrag ab`: text RAG and KV RAG side by side on your own documents and questions.
+
+Both arms use the same retrieval (kvrag's lexical index, top k), the same prompt layout and greedy
+decoding. The text arm re-reads the retrieved documents as text, in the same token ids and
+segments the KV arm grafts, so the two must agree exactly; a third, conventional arm is what a
+user's own pipeline runs: the whole prompt string tokenized at once and a stock greedy
+`model.generate`. Its answers and first-token logits are reported beside them: with sdpa or eager
+its bytes differ slightly, with the invariant kernel (`attn="invariant"`) they are equal. A KV answer that contains a gold answer is verified by
+that check and memoized; a later `recurring` variant of the question must then be a memo hit.
+
+The deposit policy says what was stored before each question, because that is what decides the
+KV arm's speed:
+
+    lazy   (default) each document deposited once, up front (its cost reported); chains form only
+           as questions arrive (`deposit_missing`), as in an application
+    warm   each question's whole retrieved chain deposited right before its KV arm: the speed a
+           user gets only when every chain is already stored
+
+The exact levers of `kvrag.reuse.levers` are opt-in (`order="stored-first"`, `corpus_chain`,
+`warm_chains`), and so is the approximate blend (`blend`, see `kvrag.reuse.blend`, gated by
+`kvrag.reuse.gate`), whose rows are labelled `approximate-graft` and measured against the text arm. Where a lever changed the prompt (the order), the text arm reads the same prompt
+and the row also says whether the answer differs from text RAG in retrieval order.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kvrag.apps.ab.results import ABRow, ABSummary, Order, Policy
+from kvrag.core.protocol import Engine
+from kvrag.core.runner import logits_sha256
+from kvrag.errors import InputError, VerificationError
+from kvrag.reuse.gate import BlendGate, kl_divergence
+from kvrag.reuse.levers import ChainWarmer, CorpusChain, stored_prefix_first
+from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
+from kvrag.reuse.memo import Memo, Provenance
+
+__all__ = ["run_ab"]
+
+def _hit(answer: str, golds: Sequence[str]) -> bool:
+    return any(g.casefold() in answer.casefold() for g in golds)
+
+
+def _monolithic(engine: Engine, texts: list[str], question: str, max_new_tokens: int) -> tuple[str, str]:
+    """The conventional arm, as a user's own pipeline runs it: the whole prompt string tokenized at
+    once and answered by a stock greedy `model.generate`. Returns (answer, first-token logits SHA-256)."""
+    segments = engine.plan(texts)
+    ids = [i for s in segments for i in s.ids] + engine.planner.question(question, segments)
+    tokenizer = engine.model.tokenizer
+    ids = tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"]
+    stop = sorted(engine.layout.stop_ids)
+    unwritable = list(range(len(tokenizer), engine.model.vocabulary))  # ids kvrag never picks either
+    with torch.inference_mode():
+        out = engine.model.hf_model.generate(
+            torch.tensor([ids], device=engine.model.device), max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=stop or None, pad_token_id=stop[0] if stop else None, suppress_tokens=unwritable or None,
+            output_logits=True, return_dict_in_generate=True)
+    answer = [t for t in out.sequences[0, len(ids):].tolist() if t not in engine.layout.stop_ids]
+    return tokenizer.decode(answer, skip_special_tokens=True).strip(), logits_sha256(out.logits[0][0])
+
+
+def run_ab(
+    engine: Engine,
+    docs: Sequence[dict[str, Any]],
+    questions: Sequence[dict[str, Any]],
+    *,
+    k: int = 1,
+    max_new_tokens: int = 32,
+    policy: Policy = "lazy",
+    order: Order = "retrieval",
+    corpus_chain: bool = False,
+    warm_chains: bool = False,
+    blend: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ABSummary:
+    """Both arms for every question (see the module docstring for `policy` and the levers).
+
+    With `blend` (a recompute ratio), the KV arm blends documents whose chain state is missing
+    (approximate, labelled), after calibrating the model's blend gate on `docs` if it never was;
+    a refused gate leaves the KV arm exact."""
+    if policy not in ("lazy", "warm") or order not in ("retrieval", "stored-first"):
+        raise InputError("policy is lazy or warm; order is retrieval or stored-first")
+    index = LexicalIndex([IndexedDoc(str(d["text"]), {"id": str(d["id"])}) for d in docs])
+    began = time.perf_counter()
+    corpus = CorpusChain(engine, [str(d["text"]) for d in docs]) if corpus_chain else None
+    if policy == "lazy" and corpus is None:
+        for d in docs:
+            engine.ensure(str(d["text"]))
+    upfront_ms = (time.perf_counter() - began) * 1e3 if policy == "lazy" or corpus is not None else 0.0
+    warmer = ChainWarmer(engine) if warm_chains else None
+    gate = None
+    if blend is not None:
+        gate = BlendGate(engine).result(blend) or BlendGate(engine).calibrate([str(d["text"]) for d in docs], ratio=blend)
+    rows: list[ABRow] = []
+    for number, q in enumerate(questions, 1):
+        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend))
+        if progress:
+            progress(number, len(questions))
+    levers = [name for name, on in (("stored-first", order == "stored-first"), ("corpus-chain", corpus is not None),
+                                    ("warm-chains", warmer is not None), (f"blend {blend}", blend is not None)) if on]
+    summary = _summary(engine, k, rows, policy, levers, upfront_ms, warmer.deposited_chains if warmer else 0)
+    approximate = [r for r in rows if r.kv_mode == "approximate-graft"]
+    return summary.model_copy(update={
+        "blend_ratio": blend, "blend_gate": gate.model_dump() if gate else None, "approximate_rows": len(approximate),
+        "kl_mean_approximate": statistics.fmean(r.kl_vs_text for r in approximate) if approximate else 0.0,
+        "argmax_agreement_approximate": statistics.fmean(r.first_token_agrees for r in approximate) if approximate else 1.0,
+    })
+
+
+def _row(engine: Engine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
+         order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None) -> ABRow:
+    question, golds = str(q["question"]), [str(a) for a in q["answers"]]
+    found = index.search(question, k)
+    retrieved = corpus.texts if corpus is not None else [d.text for d, _ in found]
+    texts = stored_prefix_first(engine, retrieved) if order == "stored-first" else retrieved
+    t = time.perf_counter()
+    if policy == "warm":
+        engine.deposit_chain(texts)  # the KV arm's whole chain, stored right before it
+    deposit_before_ms = (time.perf_counter() - t) * 1e3 if policy == "warm" else 0.0
+    text = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, graft=False, memo=False)
+    changed = texts != retrieved
+    if changed:
+        in_order = engine.generate(question, states=retrieved, max_new_tokens=max_new_tokens, graft=False, memo=False)
+    t = time.perf_counter()
+    kv = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, deposit_missing=policy == "lazy",
+                         blend=blend or False)
+    deposit_after_ms = max((time.perf_counter() - t) * 1e3 - kv.receipt.timings.total_ms, 0.0)
+    if warmer is not None:
+        warmer.observe(retrieved)
+        warmer.drain()  # after the answer, before the next question: off the answer's critical path
+    mono, mono_sha = _monolithic(engine, texts, question, max_new_tokens)
+    memoized = False
+    if kv.receipt.mode != "memo" and kv.receipt.exact and _hit(kv.text, golds):  # an approximate answer never is
+        try:
+            Memo(engine).memoize(question, kv, states=texts,
+                                provenance=Provenance(kind="gold", by=f"kvrag ab: answer contains a gold answer of {q['id']}"))
+            memoized = True
+        except VerificationError:  # the memo state did not reproduce the answer: nothing stored, row stands
+            pass
+    return ABRow(
+        id=str(q["id"]), question=question, answers=golds, recurring=bool(q.get("recurring")),
+        doc_ids=[d.metadata["id"] for d, _ in found],
+        prompt_tokens=text.receipt.tokens_prefilled,
+        text_answer=text.text, kv_answer=kv.text, monolithic_answer=mono,
+        logits_sha256_monolithic=mono_sha,
+        text_hit=_hit(text.text, golds), kv_hit=_hit(kv.text, golds),
+        text_mode=text.receipt.mode, kv_mode=kv.receipt.mode,
+        ttft_text_ms=text.receipt.timings.ttft_ms, ttft_kv_ms=kv.receipt.timings.ttft_ms,
+        prefill_tokens_text=text.receipt.tokens_prefilled, prefill_tokens_kv=kv.receipt.tokens_prefilled,
+        decode_tokens_text=text.receipt.decode_tokens, decode_tokens_kv=kv.receipt.decode_tokens,
+        logits_sha256_text=text.receipt.first_token_logits_sha256, logits_sha256_kv=kv.receipt.first_token_logits_sha256,
+        memoized=memoized, tokens_reused_kv=kv.receipt.tokens_reused, deposit_after_ms=deposit_after_ms,
+        deposit_before_ms=deposit_before_ms,
+        order_changed=changed, answer_changed_by_order=changed and in_order.text != text.text,
+        kl_vs_text=kl_divergence(text.first_token_logits, kv.first_token_logits) if kv.receipt.mode != "memo" else 0.0,
+        first_token_agrees=kv.receipt.mode == "memo" or bool(text.first_token_logits.argmax() == kv.first_token_logits.argmax()),
+        answer_changed_by_blend=kv.receipt.mode == "approximate-graft" and kv.text != text.text,
+    )
+
+
+def _summary(engine: Engine, k: int, rows: list[ABRow], policy: Policy, levers: list[str], upfront_ms: float,
+             warm_chains: int) -> ABSummary:
+    exact = [r for r in rows if r.kv_mode != "memo"]
+    n = len(rows)
+    ratio = [r.ttft_text_ms / r.ttft_kv_ms for r in rows]
+    modes = Counter(r.kv_mode for r in rows)
+    reused, prefilled = sum(r.tokens_reused_kv for r in rows), sum(r.prefill_tokens_kv for r in rows)
+    return ABSummary(
+        model=engine.model.name, store=engine.store.url, k=k, n=n,
+        accuracy_text=sum(r.text_hit for r in rows) / n,
+        accuracy_kv=sum(r.kv_hit for r in rows) / n,
+        answer_agreement=sum(r.text_answer == r.kv_answer for r in exact) / max(len(exact), 1),
+        logits_byte_exact_rate=sum(r.logits_sha256_text == r.logits_sha256_kv for r in exact) / max(len(exact), 1),
+        answer_agreement_monolithic=sum(r.monolithic_answer == r.kv_answer for r in exact) / max(len(exact), 1),
+        monolithic_byte_exact_rate=sum(r.logits_sha256_monolithic == r.logits_sha256_kv for r in exact) / max(len(exact), 1),
+        ttft_text_ms_median=statistics.median(r.ttft_text_ms for r in rows),
+        ttft_kv_ms_median=statistics.median(r.ttft_kv_ms for r in rows),
+        ttft_ratio_median=statistics.median(ratio),
+        prefill_tokens_text=sum(r.prefill_tokens_text for r in rows),
+        prefill_tokens_kv=prefilled,
+        decode_tokens_text=sum(r.decode_tokens_text for r in rows),
+        decode_tokens_kv=sum(r.decode_tokens_kv for r in rows),
+        memo_hits=modes["memo"],
+        recurring=sum(r.recurring for r in rows),
+        exact_rows=len(exact),
+        policy=policy,
+        levers=levers,
+        mode_mix=dict(modes.most_common()),
+        ttft_ratio_by_mode={m: statistics.median(r.ttft_text_ms / r.ttft_kv_ms for r in rows if r.kv_mode == m)
+                            for m in modes},
+        tokens_reused_kv=reused,
+        full_hit_rate=(modes["exact-graft"] + modes["memo"]) / n,
+        token_reuse_rate=reused / max(reused + prefilled, 1),
+        upfront_deposit_ms=upfront_ms,
+        deposit_after_ms=sum(r.deposit_after_ms for r in rows),
+        deposit_before_ms=sum(r.deposit_before_ms for r in rows),
+        warm_chains=warm_chains,
+        rows=rows,
+    )

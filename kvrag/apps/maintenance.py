@@ -1,0 +1,137 @@
+"""Looking after a store: list states, inspect one, and collect garbage.
+
+Garbage is what no reader can use: frames that no record refers to (a write that was interrupted
+or superseded), temporary files of interrupted disk writes, records too damaged to parse and,
+on request, states made by other models than the one you keep.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ValidationError
+
+from kvrag.artifacts.format import decode_payload, parse_manifest
+from kvrag.errors import KVRagError, StateNotFoundError
+from kvrag.reuse.gate import GateResult
+from kvrag.stores import Checked, DiskStore, RedisStore, StateStore
+from kvrag.trust.records import SealedRecords
+from kvrag.trust.signing import resolve_signing_key
+
+__all__ = ["StateInfo", "GcReport", "list_states", "list_gates", "inspect_state", "collect_garbage"]
+
+
+class StateInfo(BaseModel):
+    key: str
+    tier: str
+    model: str | None = None
+    model_fingerprint: str | None = None
+    start: int | None = None
+    tokens: int | None = None
+    parent_key: str | None = None
+    payload_bytes: int | None = None
+    created_at: str | None = None
+    signed: bool | None = None
+    error: str | None = None
+
+
+class GcReport(BaseModel):
+    dry_run: bool
+    orphan_frames: int = 0
+    stray_files: int = 0
+    damaged_states: list[str] = []
+    other_model_states: list[str] = []
+
+
+def _info(tier: StateStore, key: str) -> StateInfo:
+    try:
+        raw = tier.read_manifest(key)
+        if raw is None:
+            raise StateNotFoundError("gone")
+        m = parse_manifest(raw)
+    except KVRagError as e:
+        return StateInfo(key=key, tier=tier.url, error=f"{type(e).__name__}: {e}")
+    return StateInfo(
+        key=key, tier=tier.url, model=m.model_fingerprint.name, model_fingerprint=m.model_fingerprint.digest,
+        start=m.start, tokens=m.token_count, parent_key=m.parent_key, payload_bytes=m.payload_bytes,
+        created_at=m.deposit.created_at, signed=m.signature is not None,
+    )
+
+
+def list_states(store: StateStore) -> Iterator[StateInfo]:
+    for tier in store.tiers:
+        for key in tier.keys():
+            yield _info(tier, key)
+
+
+def list_gates(store: StateStore, signing_key: bytes | str | None = None) -> list[GateResult]:
+    """The blend gates' verdicts in `store` that are sealed with `signing_key` (default: this
+    user's key; see `kvrag.trust.signing`), oldest first; others are left out."""
+    records = SealedRecords(store, resolve_signing_key(signing_key))  # type: ignore[arg-type]
+    gates = []
+    for name in records.names("gate"):
+        body = records.get(name)
+        try:
+            if body:
+                gates.append(GateResult.model_validate_json(body))
+        except ValidationError:
+            continue
+    return sorted(gates, key=lambda g: g.at)
+
+
+def inspect_state(store: StateStore, key: str) -> dict[str, Any]:
+    """The manifest of `key` in each tier that has it, and whether its payload checks out there."""
+    found: dict[str, Any] = {}
+    for tier in store.tiers:
+        raw = tier.read_manifest(key)
+        if raw is None:
+            continue
+        entry: dict[str, Any] = {}
+        try:
+            entry["manifest"] = parse_manifest(raw).model_dump(mode="json")
+            # the payload with the manifest of its own write
+            stored = tier.read(key, lambda raw: Checked(parse_manifest(raw)))
+            if stored is None or stored.checked is None:
+                entry["payload"] = "missing"
+            else:
+                decode_payload(stored.payload, stored.checked.value)
+                entry["payload"] = "ok: SHA-256 and every tensor header match the manifest"
+        except KVRagError as e:
+            entry["payload"] = entry.get("payload") or f"{type(e).__name__}: {e}"
+            entry.setdefault("error", f"{type(e).__name__}: {e}")
+        if isinstance(tier, RedisStore):
+            record = tier.get_record(key)
+            entry["frames"] = len(record.frames) if record else None
+        found[tier.url] = entry
+    if not found:
+        raise StateNotFoundError(f"no state {key} in {store.url}")
+    return found
+
+
+def collect_garbage(store: StateStore, *, keep_fingerprint: str | None = None, dry_run: bool = False,
+                    grace_s: float = 600.0) -> GcReport:
+    """Drop what no reader can use. Temporary files and orphan frames younger than `grace_s` may
+    belong to a write in progress (its record or rename comes last) and are kept."""
+    report = GcReport(dry_run=dry_run)
+    for tier in store.tiers:
+        if isinstance(tier, RedisStore):
+            orphans = tier.orphan_frames(grace_s)
+            report.orphan_frames += len(orphans)
+            if not dry_run:
+                tier.delete_raw(orphans)
+        if isinstance(tier, DiskStore):
+            strays = tier.stray_files(grace_s)
+            report.stray_files += len(strays)
+            if not dry_run:
+                for path in strays:
+                    path.unlink(missing_ok=True)
+        for info in [_info(tier, key) for key in tier.keys()]:
+            if info.error:
+                report.damaged_states.append(info.key)
+            elif keep_fingerprint and info.model_fingerprint != keep_fingerprint:
+                report.other_model_states.append(info.key)
+            else:
+                continue
+            if not dry_run:
+                tier.delete(info.key)
+    return report

@@ -1,0 +1,241 @@
+"""The state artifact: a safetensors payload of per-layer K/V tensors and a pydantic manifest.
+
+This module is the one place where tensors become bytes and bytes become tensors. Reading never
+unpickles and never trusts a size before checking it: the payload's SHA-256 is checked against the
+manifest, then its safetensors header is parsed with a size cap and every entry is checked against
+the manifest's shapes and dtypes before a tensor view is made over the buffer (zero-copy).
+Integrity is checked by the manifest's chunk digests (SHA-256 per 8 MiB, hashed in parallel; see
+`kvrag.artifacts.digests`); the whole-payload SHA-256 is recorded too, as the payload's identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import warnings
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Mapping
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, PayloadLayout, chunk_digests
+from kvrag.errors import IntegrityError
+from kvrag.models.fingerprints import HardwareFingerprint, ModelFingerprint
+
+__all__ = [
+    "FORMAT",
+    "LayerEntry",
+    "DepositReceipt",
+    "StateManifest",
+    "state_key",
+    "encode_payload",
+    "decode_payload",
+    "parse_manifest",
+    "sha256_hex",
+]
+
+FORMAT = "kvrag.state/1"
+MAX_HEADER_BYTES = 16 << 20
+MAX_LAYERS = 1024
+MAX_TOKENS = 1 << 22
+#: Token ids fit in 31 bits (every vocabulary does); the model's own vocabulary bounds them further.
+TokenId = Annotated[int, Field(ge=0, lt=1 << 31)]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F64": torch.float64,
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def sha256_hex(data: Any) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def state_key(scope: str, parent_key: str | None, token_ids: list[int]) -> str:
+    """Content address of a state: the same tokens after the same chain in the same scope (model
+    fingerprint, hardware, namespace and signing key; see `kvrag.core.schedule.key_scope`)."""
+    digest = hashlib.sha256()
+    digest.update(b"kvrag-state-key\x00")
+    digest.update(scope.encode())
+    digest.update(b"\x00" + (parent_key or "root").encode() + b"\x00")
+    if any(not 0 <= t < 1 << 63 for t in token_ids):
+        raise IntegrityError("token ids must be non-negative 64-bit integers")
+    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return digest.hexdigest()
+
+
+class LayerEntry(BaseModel):
+    """One layer's K and V as the model's cache holds them after the state's segment.
+
+    Full-attention layers hold only this segment's tokens (the chain supplies the rest); sliding
+    layers hold their whole window, which may reach back into parent segments.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["full", "sliding"]
+    window: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    first_position: int = Field(ge=0, le=MAX_TOKENS)
+    length: int = Field(ge=0, le=MAX_TOKENS)
+    key_shape: tuple[int, int, int, int]
+    value_shape: tuple[int, int, int, int]
+    dtype: Literal["F32", "F16", "BF16", "F64"]
+
+
+class DepositReceipt(BaseModel):
+    """What verified the state when it was deposited."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    canary_token_ids: list[TokenId] = Field(max_length=4096)
+    canary_logits_sha256: str
+    fresh_logits_sha256: str
+    verified: bool
+    compute_ms: float
+    created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+
+class StateManifest(BaseModel):
+    """Everything needed to decide, before touching the payload, whether a state may be grafted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["kvrag.state/1"] = FORMAT
+    key: str = Field(pattern=r"^[0-9a-f]{64}$")
+    parent_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    model_fingerprint: ModelFingerprint
+    hardware_fingerprint: HardwareFingerprint
+    token_ids: list[TokenId] = Field(max_length=MAX_TOKENS)
+    text_sha256: str
+    start: int = Field(ge=0, le=MAX_TOKENS)
+    token_count: int = Field(ge=1, le=MAX_TOKENS)
+    layers: list[LayerEntry] = Field(max_length=MAX_LAYERS)
+    payload_sha256: str
+    payload_bytes: int = Field(ge=0, le=1 << 40)
+    payload_chunk_bytes: int = Field(default=CHUNK_BYTES, ge=1, le=1 << 30)
+    payload_chunks: list[str] = Field(default_factory=list, max_length=1 << 20)
+    deposit: DepositReceipt
+    signature: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @property
+    def end(self) -> int:
+        return self.start + self.token_count
+
+    @property
+    def layout(self) -> PayloadLayout:
+        """The payload's size and chunk digests, for a store to read and check it by."""
+        return PayloadLayout(self.payload_bytes, self.payload_chunk_bytes, tuple(self.payload_chunks))
+
+    def to_json_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+def parse_manifest(data: bytes | str) -> StateManifest:
+    """Parse and validate manifest bytes; anything malformed is an `IntegrityError`."""
+    try:
+        manifest = StateManifest.model_validate_json(data)
+    except (ValidationError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise IntegrityError(f"state manifest is malformed: {str(e).splitlines()[0]}") from e
+    if len(manifest.token_ids) != manifest.token_count:
+        raise IntegrityError("state manifest is malformed: token_ids and token_count disagree")
+    if len(manifest.payload_chunks) != -(-manifest.payload_bytes // manifest.payload_chunk_bytes):
+        raise IntegrityError("state manifest is malformed: chunk digests do not cover the payload")
+    return manifest
+
+
+def tensor_names(index: int) -> tuple[str, str]:
+    return f"layers.{index}.keys", f"layers.{index}.values"
+
+
+def encode_payload(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """Serialize tensors to safetensors bytes, exactly as they are (same dtype, no conversion)."""
+    from safetensors.torch import save
+
+    return save({name: t.detach().contiguous().cpu() for name, t in tensors.items()})
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES[dtype]
+
+
+def decode_payload(buffer: Any, manifest: StateManifest) -> dict[str, torch.Tensor]:
+    """Tensors over `buffer` (no copy), after checking its chunk digests and every header entry.
+
+    `buffer` is any object with the buffer protocol (bytes, bytearray, mmap, memoryview). The
+    returned tensors alias it; kvrag never writes into them (a graft concatenates into new tensors).
+    """
+    view = buffer.view() if isinstance(buffer, CheckedBuffer) else memoryview(buffer).cast("B")
+    if len(view) != manifest.payload_bytes:
+        raise IntegrityError(f"state {manifest.key[:12]}: payload is {len(view)} bytes, manifest says {manifest.payload_bytes}")
+    checked = isinstance(buffer, CheckedBuffer) and (
+        buffer.chunk_bytes == manifest.payload_chunk_bytes and list(buffer.chunk_digests) == manifest.payload_chunks
+    )
+    if not checked and chunk_digests(view, manifest.payload_chunk_bytes) != manifest.payload_chunks:
+        raise IntegrityError(f"state {manifest.key[:12]}: payload SHA-256 does not match its manifest (chunk digests differ)")
+    header, data_start = _read_header(view)
+    expected = {}
+    for index, layer in enumerate(manifest.layers):
+        key_name, value_name = tensor_names(index)
+        expected[key_name] = (layer.dtype, layer.key_shape)
+        expected[value_name] = (layer.dtype, layer.value_shape)
+    if set(header) != set(expected):
+        raise IntegrityError(f"state {manifest.key[:12]}: payload tensors do not match the manifest's layers")
+    tensors: dict[str, torch.Tensor] = {}
+    cursor = data_start
+    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+        dtype, shape = expected[name]
+        if entry["dtype"] != dtype or tuple(entry["shape"]) != tuple(shape):
+            raise IntegrityError(f"state {manifest.key[:12]}: tensor {name} is {entry['dtype']}{entry['shape']}, manifest says {dtype}{list(shape)}")
+        begin, end = (data_start + offset for offset in entry["data_offsets"])
+        count = 1
+        for dim in shape:
+            count *= dim
+        torch_dtype = _DTYPES[dtype]
+        if begin != cursor or end - begin != count * torch_dtype.itemsize or end > len(view):
+            raise IntegrityError(f"state {manifest.key[:12]}: tensor {name} has offsets that overlap, leave holes or overrun")
+        cursor = end
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only buffers: kvrag never writes into restored tensors
+            flat = torch.frombuffer(view, dtype=torch_dtype, count=count, offset=begin) if count else torch.empty(0, dtype=torch_dtype)
+        tensors[name] = flat.view(shape)
+    if cursor != len(view):
+        raise IntegrityError(f"state {manifest.key[:12]}: payload has trailing bytes")
+    return tensors
+
+
+def _read_header(view: memoryview) -> tuple[dict[str, dict[str, Any]], int]:
+    if len(view) < 8:
+        raise IntegrityError("payload is too short to hold a safetensors header")
+    (header_len,) = struct.unpack("<Q", view[:8])
+    if header_len > MAX_HEADER_BYTES or 8 + header_len > len(view):
+        raise IntegrityError(f"payload header claims {header_len} bytes; refusing to read it")
+    raw = bytes(view[8 : 8 + header_len])
+    # A genuine header nests three deep and opens about three brackets per tensor: bounding the
+    # brackets bounds the nesting before the parser recurses into it.
+    if raw.count(b"[") + raw.count(b"{") > 8 * MAX_LAYERS + 64:
+        raise IntegrityError("payload header opens more brackets than any state's header; refusing to parse it")
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise IntegrityError(f"payload header is not valid JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise IntegrityError("payload header is not a JSON object")
+    header.pop("__metadata__", None)
+    for name, entry in header.items():
+        if (
+            not isinstance(entry, dict)
+            or entry.get("dtype") not in _DTYPES
+            or not isinstance(entry.get("shape"), list)
+            or not all(isinstance(d, int) and 0 <= d <= MAX_TOKENS * 64 for d in entry["shape"])
+            or not isinstance(entry.get("data_offsets"), list)
+            or len(entry["data_offsets"]) != 2
+            or not all(isinstance(o, int) and o >= 0 for o in entry["data_offsets"])
+            or entry["data_offsets"][0] > entry["data_offsets"][1]
+        ):
+            raise IntegrityError(f"payload header entry {name!r} is malformed")
+    return header, 8 + header_len

@@ -1,0 +1,3 @@
+from kvrag.cli.main import app
+
+app()

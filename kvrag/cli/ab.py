@@ -1,0 +1,101 @@
+"""`kvrag ab` (text RAG against KV RAG on your data) and `kvrag calibrate` (the blend gate)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from kvrag.cli.common import ATTN, DTYPE, MODEL, STORE, engine_for, err, fail, out, progress
+from kvrag.errors import KVRagError
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command(epilog="Example: kvrag ab --docs docs.jsonl --questions questions.jsonl --k 3 --policy lazy "
+                       "--order stored-first --json ab.json --report ab-report")(ab)
+    app.command(epilog="Example: kvrag calibrate --model smollm2-135m --ratio 0.15 --samples 8")(calibrate)
+
+
+def ab(
+    docs: Optional[str] = typer.Option(None, help='DOCS.jsonl, lines {"id", "title", "text"} (default: the bundled sample set)'),
+    questions: Optional[str] = typer.Option(None, help='QUESTIONS.jsonl, lines {"id", "question", "answers": [...]} (+ "doc_id", "recurring")'),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
+    k: int = typer.Option(1, min=1, help="documents retrieved per question"),
+    max_new_tokens: int = typer.Option(32, min=1),
+    policy: str = typer.Option("lazy", help="lazy: documents deposited once, chains as questions form them; "
+                                            "warm: each question's whole chain deposited right before it"),
+    order: str = typer.Option("retrieval", help="retrieval, or stored-first: the longest stored chain first (both arms)"),
+    corpus_chain: bool = typer.Option(False, "--corpus-chain", help="the whole corpus as one chain, read by every question"),
+    warm_chains: bool = typer.Option(False, "--warm-chains", help="deposit co-retrieved chains after answers"),
+    blend: Optional[float] = typer.Option(None, "--blend", min=0.01, max=1.0, help="approximate: blend documents whose "
+                                          "chain state is missing, recomputing this share of their tokens (gated)"),
+    json_path: Optional[str] = typer.Option(None, "--json", help="write the summary and rows to this file"),
+    report: Optional[str] = typer.Option(None, help="write report.md and PNG plots into this folder"),
+) -> None:
+    """Compare text RAG and KV RAG on the same retrieval, prompt and decoding."""
+    from kvrag.apps.ab import load_jsonl, run_ab, summary_rows, write_report
+    from kvrag.data import sample_paths
+
+    default_docs, default_questions = sample_paths()
+    try:
+        doc_rows = load_jsonl(docs or default_docs, ["id", "title", "text"])
+        question_rows = load_jsonl(questions or default_questions, ["id", "question", "answers"])
+        engine = engine_for(model, store, dtype, attn)
+        with progress() as bar:
+            task = bar.add_task("A/B", total=len(question_rows))
+            summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_new_tokens,
+                             policy=policy, order=order, corpus_chain=corpus_chain,  # type: ignore[arg-type]
+                             warm_chains=warm_chains, blend=blend, progress=lambda done, _n: bar.update(task, completed=done))
+        if report:
+            path = write_report(summary, report)
+            err.print(f"report: {path}")
+    except KVRagError as e:
+        fail(e)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            f.write(summary.model_dump_json(indent=2))
+    levers = f", {', '.join(summary.levers)}" if summary.levers else ""
+    table = Table(title=f"kvrag ab: {summary.model}, k={summary.k}, {summary.n} questions, policy {summary.policy}{levers}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name, value in summary_rows(summary):
+        table.add_row(name, value)
+    out.print(table)
+
+
+def calibrate(
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
+    ratio: float = typer.Option(0.15, min=0.01, max=1.0, help="share of a moved document's tokens recomputed"),
+    samples: int = typer.Option(8, min=1, help="two-document prompts measured"),
+    docs: Optional[str] = typer.Option(None, help='DOCS.jsonl, lines {"id", "text"} (default: the bundled sample set)'),
+    max_kl: float = typer.Option(0.1, help="the most mean first-token KL (nats) the gate lets through"),
+    min_agreement: float = typer.Option(0.8, help="the least first-token argmax agreement the gate lets through"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Measure blending against the exact path for this model and store the gate's verdict."""
+    from kvrag.apps.ab import load_jsonl
+
+    try:
+        texts = [str(d["text"]) for d in load_jsonl(docs, ["id", "text"])] if docs else None
+        engine = engine_for(model, store, dtype, attn)
+        with progress() as bar:
+            bar.add_task(f"calibrating blend {ratio:.2f} on {samples} prompts", total=None)
+            result = engine.gate.calibrate(texts, ratio=ratio, samples=samples, max_mean_kl=max_kl,
+                                           min_agreement=min_agreement)
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+        return
+    verdict = "[green]allowed[/]" if result.passed else "[red]refused[/]"
+    out.print(f"blend {result.ratio:.2f} for {result.model}: {verdict} (mean KL {result.kl_mean:.3g}, max "
+              f"{result.kl_max:.3g}; argmax agreement {result.argmax_agreement:.0%} over {result.samples} prompts)")

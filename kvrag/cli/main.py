@@ -1,0 +1,258 @@
+"""The `kvrag` command line. Every command takes `--help`, which shows an example."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from kvrag.cli.ab import register as register_ab
+from kvrag.cli.common import ATTN, DTYPE, MODEL, STORE, engine_for, err, fail, out, progress, read_text
+from kvrag.cli.library import library_app
+from kvrag.cli.serve import register as register_serve
+from kvrag.errors import KVRagError
+
+app = typer.Typer(
+    help="kvrag: deposit a model's KV states once, graft them byte-exact, fall back to text.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command(epilog="Example: kvrag verify --model tiny-random-gemma3 --dtype bfloat16 --attn eager --samples 50 --json")
+def verify(
+    model: str = MODEL,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
+    samples: int = typer.Option(50, min=1, help="(document, question) pairs from the bundled text"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
+) -> None:
+    """Check that grafted states give byte-identical logits to a fresh computation."""
+    from kvrag.apps.verify import verify_model
+    from kvrag.models.loading import load_model
+
+    try:
+        loaded = load_model(model, dtype=dtype, attn=attn)
+        with progress() as bar:
+            task = bar.add_task(f"verify {model} {dtype} {attn}", total=samples)
+            report = verify_model(loaded, samples=samples, progress=lambda done, _n: bar.update(task, completed=done))
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(report.model_dump_json(indent=2))
+        return
+    table = Table(title=f"kvrag verify: {model}, {report.dtype}, {report.attn}, {report.samples} samples "
+                        f"({report.prompt_tokens_min}-{report.prompt_tokens_max} prompt tokens)")
+    for column in ("graft vs", "byte-exact", "KL max", "argmax agreement", "max |diff|"):
+        table.add_column(column, justify="right")
+    table.add_row("fresh, same schedule", f"{report.byte_exact}/{report.samples}", f"{report.kl_max:.3g}",
+                  f"{report.argmax_agreement:.2%}", f"{report.max_abs_diff:.3g}")
+    table.add_row("text fallback", f"{report.fallback_byte_exact}/{report.samples}", "", "", "")
+    table.add_row("chain states vs from scratch (payload SHA-256)",
+                  f"{report.chain_states_byte_exact}/{report.chain_states}", "", "", "")
+    mono = report.monolithic
+    table.add_row("one monolithic stock pass" + ("" if report.attn == "invariant" else " (approx.)"), f"{mono.byte_exact}/{mono.samples}", f"{mono.kl_max:.3g}",
+                  f"{mono.argmax_agreement:.2%}", f"{mono.max_abs_diff:.3g}")
+    out.print(table)
+    out.print(f"model fingerprint {report.model_fingerprint[:16]}  hardware fingerprint {report.hardware_fingerprint[:16]}")
+
+
+@app.command(epilog="Example: kvrag demo --questions 4")
+def demo(
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
+    questions: int = typer.Option(6, min=1, help="how many bundled questions to ask"),
+) -> None:
+    """Deposit the bundled documents, then answer questions by graft and by text, side by side."""
+    from kvrag.apps.demo import run_demo
+
+    try:
+        with err.status(f"loading {model}") as status:
+            rows = run_demo(engine_for(model, store, dtype, attn), questions=questions, on_step=lambda m: status.update(m))
+    except KVRagError as e:
+        fail(e)
+    table = Table(title=f"kvrag demo: {model}, graft vs text re-prefill of the same tokens", show_lines=True)
+    table.add_column("question / answer", ratio=3)
+    table.add_column("graft", justify="right")
+    table.add_column("text", justify="right")
+    table.add_column("speed-up", justify="right")
+    table.add_column("same logits", justify="center")
+    for row in rows:
+        g, t = row.graft.receipt, row.text.receipt
+        answer = row.graft.text if row.graft.text == row.text.text else f"graft: {row.graft.text}\ntext:  {row.text.text}"
+        table.add_row(
+            f"[bold]{row.question}[/]\n{answer}",
+            f"{g.mode}\n{g.timings.ttft_ms:.0f} ms",
+            f"{t.mode}\n{t.timings.ttft_ms:.0f} ms",
+            f"{t.timings.ttft_ms / g.timings.ttft_ms:.1f}x",
+            "yes" if g.first_token_logits_sha256 == t.first_token_logits_sha256 else "[red]NO[/]",
+        )
+    out.print(table)
+    out.print("TTFT = time to first token. 'same logits': SHA-256 of the first-token logits is equal in both arms.")
+
+
+@app.command(epilog="Example: kvrag deposit notes.txt --model tiny-random-llama --store disk://./states")
+def deposit(
+    files: list[str] = typer.Argument(..., help="text files; '-' reads standard input"),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
+    chain: bool = typer.Option(False, help="deposit the files as one chain, in order"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Deposit documents as verified states and print their refs."""
+    try:
+        texts = [read_text(f) for f in files]
+        engine = engine_for(model, store, dtype, attn)
+        refs = engine.deposit_chain(texts) if chain else [engine.deposit(t) for t in texts]
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(json.dumps([r.model_dump() for r in refs], indent=2))
+    else:
+        for f, r in zip(files, refs):
+            out.print(f"{r.key}  {r.token_count:>6} tokens at {r.start}  {f}")
+
+
+@app.command(epilog="Example: kvrag ask 'Who built the lighthouse?' --doc lighthouse.txt --json")
+def ask(
+    question: str = typer.Argument(...),
+    doc: list[str] = typer.Option([], "--doc", help="document files, in prompt order"),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
+    max_new_tokens: int = typer.Option(64, min=1),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Answer a question after the given documents, grafting their stored states where possible."""
+    try:
+        texts = [read_text(f) for f in doc]
+        engine = engine_for(model, store, dtype, attn)
+        generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens)
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(json.dumps({"answer": generation.text, "receipt": generation.receipt.model_dump()}, indent=2))
+    else:
+        r = generation.receipt
+        out.print(generation.text)
+        err.print(f"[dim]{r.mode}, {r.tokens_reused} tokens reused, {r.tokens_prefilled} prefilled, "
+                  f"TTFT {r.timings.ttft_ms:.0f} ms, logits {r.first_token_logits_sha256[:16]}[/]")
+
+
+@app.command("ls", epilog="Example: kvrag ls --store redis://127.0.0.1:6379/0,disk://./states --json")
+def ls_states(
+    store: Optional[str] = STORE,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List the states in a store, tier by tier, and the blend gates' verdicts."""
+    from kvrag.apps.maintenance import list_gates, list_states
+    from kvrag.stores import open_store
+
+    try:
+        opened = open_store(store)
+        infos, gates = list(list_states(opened)), list_gates(opened)
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(json.dumps([i.model_dump() for i in infos], indent=2))
+        return
+    table = Table(title=f"{len(infos)} states")
+    for column in ("key", "tier", "model", "start", "tokens", "size", "parent", "signed"):
+        table.add_column(column)
+    for i in infos:
+        size = f"{i.payload_bytes / 2**20:.1f} MiB" if i.payload_bytes is not None else ""
+        table.add_row(i.key[:16], i.tier, i.model or f"[red]{i.error}[/]", str(i.start or 0), str(i.tokens or ""),
+                      size, (i.parent_key or "")[:12], "yes" if i.signed else "no")
+    out.print(table)
+    if gates:
+        gate_table = Table(title=f"{len(gates)} blend gates (signed with your key)")
+        for column in ("model", "fingerprint", "ratio", "mean KL", "argmax agreement", "samples", "verdict", "at"):
+            gate_table.add_column(column)
+        for g in gates:
+            gate_table.add_row(g.model, g.model_fingerprint[:12], f"{g.ratio:.2f}" + ("" if g.rerotate else " unrotated"),
+                               f"{g.kl_mean:.3g}", f"{g.argmax_agreement:.0%}", str(g.samples),
+                               "allowed" if g.passed else "refused", g.at[:19])
+        out.print(gate_table)
+
+
+@app.command(epilog="Example: kvrag inspect 3f2a...e9 --store disk://./states --json   (or: kvrag inspect gates)")
+def inspect(
+    key: str = typer.Argument(..., help="a state key (64 hex characters), or 'gates' for the blend gates' verdicts"),
+    store: Optional[str] = STORE,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Show a state's manifest in each tier and check its payload there (or the blend gates)."""
+    from kvrag.apps.maintenance import inspect_state, list_gates
+    from kvrag.stores import open_store
+
+    try:
+        if key == "gates":
+            print(json.dumps([g.model_dump() for g in list_gates(open_store(store))], indent=2))
+            return
+        found = inspect_state(open_store(store), key)
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    for tier, entry in found.items():
+        manifest = entry.get("manifest", {})
+        out.print(f"[bold]{tier}[/]: payload {entry['payload']}")
+        if manifest:
+            fp = manifest["model_fingerprint"]
+            out.print(f"  model {fp['name']} ({fp['digest'][:16]}), {manifest['token_count']} tokens at "
+                      f"{manifest['start']}, parent {manifest['parent_key'] or '-'}, "
+                      f"{manifest['payload_bytes'] / 2**20:.1f} MiB, {len(manifest['layers'])} layers, "
+                      f"signed: {'yes' if manifest['signature'] else 'no'}")
+
+
+@app.command(epilog="Example: kvrag gc --store redis://127.0.0.1:6379/0 --other-models --model smollm2-135m --dry-run")
+def gc(
+    store: Optional[str] = STORE,
+    other_models: bool = typer.Option(False, "--other-models", help="also drop states of other model fingerprints"),
+    model: str = MODEL,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
+    dry_run: bool = typer.Option(False, "--dry-run", help="report, delete nothing"),
+    grace: float = typer.Option(600.0, "--grace", min=0, help="seconds: temporary files and orphan frames younger "
+                                "than this may belong to a write in progress and are kept"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Drop orphan frames, stray temporary files and damaged states (and other models' states on request)."""
+    from kvrag.apps.maintenance import collect_garbage
+    from kvrag.stores import open_store
+
+    try:
+        keep = None
+        if other_models:
+            keep = engine_for(model, store, dtype, attn).fingerprint
+        report = collect_garbage(open_store(store), keep_fingerprint=keep, dry_run=dry_run, grace_s=grace)
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(report.model_dump_json(indent=2))
+        return
+    verb = "would drop" if dry_run else "dropped"
+    out.print(f"{verb}: {report.orphan_frames} orphan frames, {report.stray_files} stray files, "
+              f"{len(report.damaged_states)} damaged states, {len(report.other_model_states)} states of other models")
+
+
+register_ab(app)
+register_serve(app)
+app.add_typer(library_app, name="library")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,98 @@
+"""A transformers cache as a list of layers, each handled by the codec of its kind.
+
+`codecs_for(model)` says how each of a model's cache layers is extracted, checked and grafted
+(`kvrag.codecs.full`, `kvrag.codecs.sliding`); `extract` reads a just-prefilled segment out of a
+cache; `install` sets a cache from stored parts. A new kind of layer is one new codec module,
+added to `CODECS`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from kvrag.artifacts.format import LayerEntry, tensor_names
+from kvrag.codecs.base import LayerCodec
+from kvrag.codecs.full import FullAttention
+from kvrag.codecs.sliding import SlidingWindow
+from kvrag.errors import ModelError
+
+# transformers 5.23 announces a rename of `past_key_values` to `cache`, but its models' forward
+# signatures still take `past_key_values` (a `cache=` argument is silently ignored there).
+warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
+
+__all__ = ["LayerCodec", "FullAttention", "SlidingWindow", "CODECS", "StatePart", "new_cache", "codecs_for",
+           "extract", "install", "truncated"]
+
+CODECS: tuple[type[LayerCodec], ...] = (FullAttention, SlidingWindow)
+
+
+@dataclass(frozen=True)
+class StatePart:
+    """A checked state ready to graft: its layer entries and tensors, and its position range."""
+
+    start: int
+    end: int
+    layers: Sequence[LayerEntry]
+    tensors: dict[str, torch.Tensor]
+
+
+def new_cache(hf_model: Any) -> DynamicCache:
+    return DynamicCache(config=hf_model.config)
+
+
+def codecs_for(hf_model: Any) -> list[LayerCodec]:
+    """One codec per cache layer of the model; a layer of a kind kvrag cannot graft is a `ModelError`."""
+    codecs: list[LayerCodec] = []
+    for layer in new_cache(hf_model).layers:
+        codec = next((c for kind in CODECS if (c := kind.describe(layer)) is not None), None)
+        if codec is None:
+            raise ModelError(f"kvrag cannot graft cache layers of type {type(layer).__name__} yet")
+        codecs.append(codec)
+    if not codecs:  # caches built lazily: one full layer per decoder layer
+        config = hf_model.config.get_text_config(decoder=True)
+        count = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+        codecs = [FullAttention() for _ in range(int(count))]
+    return codecs
+
+
+def extract(codecs: Sequence[LayerCodec], cache: DynamicCache, start: int, end: int) -> tuple[list[LayerEntry], dict[str, torch.Tensor]]:
+    """The layers' entries and tensors for the segment of positions [start, end) just prefilled."""
+    entries: list[LayerEntry] = []
+    tensors: dict[str, torch.Tensor] = {}
+    for index, (codec, layer) in enumerate(zip(codecs, cache.layers)):
+        entry, keys, values = codec.extract(layer, start, end)
+        key_name, value_name = tensor_names(index)
+        tensors[key_name], tensors[value_name] = keys, values
+        entries.append(entry)
+    return entries, tensors
+
+
+def install(codecs: Sequence[LayerCodec], cache: DynamicCache, parts: Sequence[StatePart], device: torch.device) -> None:
+    """Install consecutive parts onto `cache`, which must hold exactly positions [0, parts[0].start)."""
+    if not parts:
+        return
+    for index, (codec, layer) in enumerate(zip(codecs, cache.layers)):
+        key_name, value_name = tensor_names(index)
+        codec.install(
+            layer,
+            [p.tensors[key_name].to(device) for p in parts],
+            [p.tensors[value_name].to(device) for p in parts],
+            parts[-1].end,
+        )
+
+
+def truncated(codecs: Sequence[LayerCodec], part: StatePart, end: int) -> StatePart:
+    """`part` cut to positions [part.start, end): exact only under the invariant kernel, where a
+    position's K/V do not depend on what follows it. Every layer must be `truncatable`."""
+    if end == part.end:
+        return part
+    if not all(codec.truncatable for codec in codecs) or not part.start < end < part.end:
+        raise ModelError(f"cannot cut a state of {part.start}..{part.end} at {end} for this model's layers")
+    keep = end - part.start
+    tensors = {name: tensor[:, :, :keep, :] for name, tensor in part.tensors.items()}
+    return StatePart(part.start, end, part.layers, tensors)

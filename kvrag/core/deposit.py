@@ -1,0 +1,98 @@
+"""Depositing: read a segment once after its verified ancestors, verify the state, store it.
+
+The segment is prefilled after its ancestors' grafted states (already verified, so their bytes
+are a fresh computation's; `kvrag verify` re-checks this against a from-scratch run), its K/V are
+extracted, and the state is verified by the canary: the canary question's logits after grafting
+the stored bytes must equal its logits after the fresh prefill, SHA-256 for SHA-256. Only then is
+the manifest (fingerprints, digests, the deposit receipt) signed and written, after the payload.
+A chain therefore costs one prefill per state, not one per ancestor.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from kvrag.artifacts.digests import chunk_digests
+from kvrag.artifacts.format import DepositReceipt, StateManifest, decode_payload, encode_payload, sha256_hex
+from kvrag.codecs import StatePart, extract, install
+from kvrag.core.acceptance import Restored
+from kvrag.core.runner import ModelRunner, logits_sha256
+from kvrag.core.schedule import Planner, Segment
+from kvrag.errors import VerificationError
+from kvrag.stores import StateStore
+from kvrag.trust.identity import EngineIdentity
+from kvrag.trust.signing import sign_manifest
+
+__all__ = ["CANARY_QUESTION", "Depositor"]
+
+#: The fixed probe run after every deposit: its logits after the graft must equal a fresh run's.
+CANARY_QUESTION = "Which words of the text above matter most?"
+
+
+class Depositor:
+    def __init__(self, runner: ModelRunner, planner: Planner, store: StateStore, identity: EngineIdentity,
+                 signing_key: bytes) -> None:
+        self.runner = runner
+        self.planner = planner
+        self.store = store
+        self.identity = identity
+        self.signing_key = signing_key
+
+    def canary_ids(self) -> list[int]:
+        return self.planner.layout.question_ids(CANARY_QUESTION)
+
+    def deposit(self, segment: Segment, ancestors: Sequence[StatePart]) -> Restored:
+        """Compute, verify and store `segment`'s state after `ancestors` (its chain, root first, checked).
+
+        Returns the state as grafted in the verification, ready to be the next deposit's ancestor.
+        Raises `VerificationError` (nothing stored) when the grafted state does not reproduce it.
+        """
+        runner = self.runner
+        self.identity.check_hardware()
+        began = time.perf_counter()
+        canary = self.canary_ids()
+        self.planner.check_length(segment.end + len(canary))
+
+        fresh = runner.new_cache()
+        install(runner.codecs, fresh, ancestors, runner.device)
+        runner.forward(segment.ids, fresh)
+        layers, tensors = extract(runner.codecs, fresh, segment.start, segment.end)
+        fresh_sha = logits_sha256(runner.forward(canary, fresh))
+        compute_ms = (time.perf_counter() - began) * 1e3
+
+        payload = encode_payload(tensors)
+        del tensors, fresh
+        unverified = StateManifest(
+            key=segment.key,
+            parent_key=segment.parent_key,
+            model_fingerprint=runner.model.fingerprint,
+            hardware_fingerprint=self.identity.hardware,
+            token_ids=segment.ids,
+            text_sha256=sha256_hex(segment.text.encode()),
+            start=segment.start,
+            token_count=len(segment.ids),
+            layers=layers,
+            payload_sha256=sha256_hex(payload),
+            payload_bytes=len(payload),
+            payload_chunk_bytes=self.store.chunk_bytes,
+            payload_chunks=chunk_digests(payload, self.store.chunk_bytes),
+            deposit=DepositReceipt(canary_token_ids=canary, canary_logits_sha256="", fresh_logits_sha256=fresh_sha,
+                                   verified=False, compute_ms=compute_ms),
+        )
+        # Graft check: the ancestors plus this state's bytes, round-tripped, must reproduce it.
+        part = StatePart(segment.start, segment.end, layers, decode_payload(payload, unverified))
+        grafted = runner.new_cache()
+        install(runner.codecs, grafted, [*ancestors, part], runner.device)
+        graft_sha = logits_sha256(runner.forward(canary, grafted))
+        if graft_sha != fresh_sha:
+            raise VerificationError(
+                f"state {segment.key[:12]} did not reproduce a fresh computation (canary logits "
+                f"{graft_sha[:12]} != {fresh_sha[:12]}); nothing was stored. Check that the model "
+                "runs deterministically on this device"
+            )
+        deposit = unverified.deposit.model_copy(update={"canary_logits_sha256": graft_sha, "verified": True})
+        manifest = unverified.model_copy(update={"deposit": deposit})
+        manifest = sign_manifest(manifest, self.signing_key)
+        self.store.put(segment.key, manifest.to_json_bytes(), payload)
+        return Restored(manifest, part)

@@ -1,0 +1,71 @@
+"""A cache being filled segment by segment: stored parts grafted, text prefilled, both timed.
+
+Consecutive grafts are queued and grafted in one go (one concatenation per layer); text is
+prefilled in order after whatever was queued. The counters and timings feed the receipt.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kvrag.codecs import StatePart, install
+from kvrag.core.runner import ModelRunner
+
+__all__ = ["Graftable", "Prefill"]
+
+
+@dataclass(frozen=True)
+class Graftable:
+    """A part to graft, the tier it came from, notes on hotter tiers that missed, and any ids
+    that must be read as text just before it (a moved first document's prompt prefix)."""
+
+    part: StatePart
+    tier: str
+    notes: str | None = None
+    text_before: Sequence[int] = field(default_factory=tuple)
+
+
+class Prefill:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.cache: Any = runner.new_cache()
+        self.pending: list[StatePart] = []
+        self.restore_s = self.prefill_s = 0.0
+        self.reused = self.prefilled = 0
+
+    def graft(self, fetch: Callable[[], Graftable]) -> Graftable:
+        """Fetch a part with `fetch()` (which raises a `StateError` to refuse it) and queue it."""
+        fetched = self.fetch(fetch)
+        self.pending.append(fetched.part)
+        self.reused += fetched.part.end - fetched.part.start
+        return fetched
+
+    def flush(self) -> None:
+        t = time.perf_counter()
+        install(self.runner.codecs, self.cache, self.pending, self.runner.device)
+        self.pending = []
+        self.restore_s += time.perf_counter() - t
+
+    def text(self, ids: Sequence[int]) -> torch.Tensor:
+        """Prefill `ids` in one forward call after everything queued; the last position's logits."""
+        self.flush()
+        t = time.perf_counter()
+        logits = self.runner.forward(ids, self.cache)
+        self.prefill_s += time.perf_counter() - t
+        self.prefilled += len(ids)
+        return logits
+
+    def fetch(self, fetch: Callable[[], Graftable]) -> Graftable:
+        """`fetch()`, timed as restore, with any ids it needs read as text first prefilled."""
+        t = time.perf_counter()
+        try:
+            fetched = fetch()
+        finally:
+            self.restore_s += time.perf_counter() - t
+        if fetched.text_before:
+            self.text(fetched.text_before)
+        return fetched

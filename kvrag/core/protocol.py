@@ -1,0 +1,95 @@
+"""What the features built on an engine need of it: its identity, its planner and layout, its
+sealed records, deposits, checks, and running a continuation. `KVEngine` is one; memo, the blend
+gate, the reuse levers, the library and the A/B harness depend on this, not on the engine class.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from typing_extensions import TypedDict, Unpack
+
+from kvrag.core.continuation import Continuation
+from kvrag.core.decoding import Generation, GenerationStream
+from kvrag.core.prompt import PromptLayout
+from kvrag.core.schedule import Planner, Segment, StateRef
+from kvrag.models.loading import LoadedModel
+from kvrag.stores import StateStore
+from kvrag.stores.deadline import Deadline
+from kvrag.trust.identity import EngineIdentity
+from kvrag.trust.records import SealedRecords
+
+__all__ = ["Engine", "AskOptions", "ChatOptions"]
+
+
+class ChatOptions(TypedDict, total=False):
+    """The options of `KVEngine.stream_chat` and `KVEngine.chat` (see `stream_chat`)."""
+
+    max_new_tokens: int
+    stop: Sequence[str] | None
+    graft: bool
+    deposit_missing: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+
+
+class AskOptions(TypedDict, total=False):
+    """The options of `KVEngine.stream` and `KVEngine.generate` (see `stream`)."""
+
+    states: Sequence[StateRef | str] | None
+    max_new_tokens: int
+    stop: Sequence[str] | None
+    graft: bool
+    approximate: bool
+    deposit_missing: bool
+    memo: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    blend: bool | float
+
+
+class Engine(Protocol):
+    """An engine as the features built on it see it."""
+
+    identity: EngineIdentity
+    model: LoadedModel
+    store: StateStore
+    layout: PromptLayout
+    planner: Planner
+    records: SealedRecords
+    deadline_s: float
+
+    def plan(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[Segment]:
+        """The segments (ids, keys, positions) for documents read in order."""
+
+    def ref(self, text: str, *, after: StateRef | None = None) -> StateRef:
+        """The ref a deposit of `text` would return, without computing anything."""
+
+    def deposited(self, ref: StateRef) -> bool:
+        """Whether the store holds `ref` whole."""
+
+    def ensure(self, text: str, *, after: StateRef | None = None) -> StateRef:
+        """The ref for `text`, deposited first if missing."""
+
+    def deposit_chain(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[StateRef]:
+        """Deposit documents as one chain."""
+
+    def deposit_segment(self, segment: Segment) -> StateRef:
+        """Deposit any segment after its stored parent chain."""
+
+    def check(self, segment: Segment, deadline: Deadline | None = None) -> None:
+        """Raise the `StateError` that says why `segment`'s stored state cannot be grafted (if any)."""
+
+    def run(self, continuation: Continuation) -> GenerationStream:
+        """Run a continuation."""
+
+    def generate(self, query: str, **options: Unpack[AskOptions]) -> Generation:
+        """Answer `query` (see `KVEngine.stream`)."""
+
+    def tokenize(self, text: str) -> list[int]:
+        """`text`'s token ids, without special tokens."""
+

@@ -1,0 +1,47 @@
+"""Restoring states: a store's checked read (tier by tier, see `kvrag.stores`) with this engine's
+acceptance checks, for one state or for the chain that ends at one."""
+
+from __future__ import annotations
+
+from kvrag.core.acceptance import Restored, StateAcceptance
+from kvrag.core.prefill import Graftable
+from kvrag.core.schedule import Segment
+from kvrag.errors import StoreError
+from kvrag.stores import Found, StateStore
+from kvrag.stores.deadline import Deadline
+
+__all__ = ["Restorer"]
+
+
+class Restorer:
+    def __init__(self, store: StateStore, acceptance: StateAcceptance) -> None:
+        self.store = store
+        self.acceptance = acceptance
+
+    def fetch(self, key: str, expect: Segment | None = None, deadline: Deadline | None = None) -> Found[Restored]:
+        """The first copy of `key` that passes every check, read within `deadline`; raises the
+        `StateError` saying why none did."""
+        return self.store.fetch(key, self.acceptance.expecting(key, expect), deadline)
+
+    def graftable(self, segment: Segment, deadline: Deadline | None = None) -> Graftable:
+        """`segment`'s state as a part to graft, with notes on the tiers that could not serve it."""
+        found = self.fetch(segment.key, segment, deadline)
+        return Graftable(found.value.part, found.tier, found.notes)
+
+    def chain(self, key: str | None) -> list[Restored]:
+        """The chain ending at `key`, root first, each state checked as for a graft."""
+        chain: list[Restored] = []
+        while key is not None:
+            restored = self.fetch(key).value
+            chain.append(restored)
+            key = restored.manifest.parent_key
+        chain.reverse()
+        return chain
+
+    def has(self, key: str) -> bool:
+        """Whether some tier holds `key` whole, manifest and every part of its payload (cheap:
+        nothing is hashed; a tier that fails to answer counts as not holding it)."""
+        try:
+            return self.store.complete(key)  # a tiered store asks each tier
+        except StoreError:
+            return False

@@ -1,0 +1,96 @@
+"""The model runner: the one place that calls the model, picks tokens and hashes logits.
+
+A forward call feeds one segment of ids into a cache and returns the last position's logits;
+which ids are fed together is the schedule's business (see `kvrag.core.schedule`), since floating-point
+results depend on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import torch
+
+from kvrag.codecs import LayerCodec, codecs_for, new_cache
+from kvrag.core.sampling import Sampler, Sampling
+from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS
+from kvrag.models.loading import LoadedModel
+
+__all__ = ["ModelRunner", "logits_sha256"]
+
+
+def logits_sha256(logits: torch.Tensor) -> str:
+    """SHA-256 of a logits tensor's bytes, exactly as computed (dtype kept)."""
+    return hashlib.sha256(logits.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+class ModelRunner:
+    """Forward calls, greedy picks and fresh caches for one loaded model."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.codecs: list[LayerCodec] = codecs_for(model.hf_model)
+        self._vocab = len(model.tokenizer)
+        #: token ids the model can read: rows of its input embedding
+        self.vocabulary = model.vocabulary
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def new_cache(self) -> Any:
+        return new_cache(self.model.hf_model)
+
+    def forward(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
+        """Feed prompt `ids` in one forward call after what `cache` holds; the last position's logits.
+
+        Under the invariant kernel a read shorter than `MIN_FORWARD_ROWS` is padded with dummy
+        tokens after it (their cache entries dropped), so its rows are computed as they would be
+        in one pass over the whole prompt (see `kvrag.kernels.attention`)."""
+        ids = list(ids)
+        padding = self._padding(len(ids))
+        if padding:
+            held = [(layer.keys, layer.values) if layer.is_initialized else None for layer in cache.layers]
+            ids = ids + [ids[-1]] * padding
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        keep = torch.tensor([len(ids) - padding - 1], device=self.model.device) if padding else 1
+        with torch.inference_mode():
+            out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        if padding:
+            held += [None] * (len(cache.layers) - len(held))  # layers a lazy cache made just now
+            for codec, layer, before in zip(self.codecs, cache.layers, held):
+                codec.unpad(layer, before, len(ids), padding)
+        return out.logits[0, -1]
+
+    def step(self, token: int, cache: Any) -> torch.Tensor:
+        """One decoding step (one row, never padded: as a stock `model.generate` decodes)."""
+        input_ids = torch.tensor([[token]], dtype=torch.long, device=self.model.device)
+        with torch.inference_mode():
+            out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+    def _padding(self, rows: int) -> int:
+        if self.model.attn != INVARIANT or rows >= MIN_FORWARD_ROWS or rows == 0:
+            return 0
+        padding = MIN_FORWARD_ROWS - rows
+        # a sliding layer keeps window - 1 positions: the padded read must fit in it to be undone
+        if any(codec.window is not None and codec.window - 1 < MIN_FORWARD_ROWS for codec in self.codecs):
+            return 0
+        return padding
+
+    def forward_at(self, ids: Sequence[int], positions: Sequence[int] | torch.Tensor, cache: Any,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed `ids` at explicit `positions` (not necessarily contiguous), optionally under a
+        prepared 4D additive `attention_mask`; the last position's logits (see `kvrag.reuse.blend`)."""
+        device = self.model.device
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=device)
+        position_ids = torch.as_tensor(positions, dtype=torch.long, device=device).reshape(1, -1)
+        with torch.inference_mode():
+            out = self.model.hf_model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                      past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+    def sampler(self, sampling: Sampling | None = None) -> Sampler:
+        """A token chooser for one generation (greedy unless `sampling` says otherwise)."""
+        return Sampler(sampling or Sampling(), self._vocab)

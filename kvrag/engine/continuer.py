@@ -1,0 +1,219 @@
+"""Running a continuation: run a schedule (grafting every state that passes its checks), feed some ids,
+decode up to N tokens. Every answer kvrag gives goes through here: `KVEngine.generate`, a memo
+recall, the A/B harness's arms. This is the only decode loop.
+
+A context segment whose state cannot be grafted is re-read as text in the same segment, so the
+bytes stay those of a fresh computation of the same schedule; the receipt names each segment's
+source and, for a fallback, the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, Sequence
+
+from kvrag.codecs import StatePart, truncated
+from kvrag.core.acceptance import Restored
+from kvrag.core.continuation import Continuation
+from kvrag.core.decoding import Generation, GenerationStream, TextDecoder
+from kvrag.core.prefill import Graftable, Prefill
+from kvrag.core.prompt import PromptLayout
+from kvrag.core.receipt import Receipt, StateUse, Timings, mode_of
+from kvrag.core.restore import Restorer
+from kvrag.core.runner import ModelRunner, logits_sha256
+from kvrag.core.schedule import Segment, StateRef
+from kvrag.errors import ModelError, StateError
+from kvrag.reuse.approximate import moved_graft
+from kvrag.reuse.blend import blend_into
+from kvrag.reuse.prefixes import PrefixRecords, common_prefix
+from kvrag.stores import Found
+from kvrag.stores.deadline import Deadline
+from kvrag.trust.identity import EngineIdentity
+
+__all__ = ["Continuer"]
+
+
+class Continuer:
+    """Runs continuations for one model, store and layout."""
+
+    def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout, identity: EngineIdentity,
+                 deadline_s: float, prefixes: PrefixRecords | None = None) -> None:
+        self.runner = runner
+        self.prefixes = prefixes
+        self.identity = identity
+        self.restorer = restorer
+        self.layout = layout
+        self.deadline_s = deadline_s
+
+    def stream(self, continuation: Continuation) -> GenerationStream:
+        return GenerationStream(self._steps(continuation))
+
+    def _context(self, run: Prefill, c: Continuation) -> list[StateUse]:
+        uses: list[StateUse] = []
+        deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
+        covered = 0
+        if c.any_boundary and c.graft and not c.memo and self.prefixes is not None and c.context:
+            own = self._own_stored_run(c.context)
+            if own < c.context[-1].end:  # the context's own states do not cover it: look further
+                covered, uses = self._stored_prefix(run, c, deadline, better_than=own)
+        for index, segment in enumerate(c.context):
+            if segment.end <= covered:
+                continue
+            if segment.start < covered:
+                run.text(segment.ids[covered - segment.start :])
+                uses.append(StateUse(key=segment.key, start=covered, end=segment.end, source="text", reason="missing",
+                                     detail=f"read as text from {covered}, where the longest stored prefix ends"))
+                continue
+            req = c.requested[index] if c.requested else None
+            # A ref made in another scope (signing key, namespace, hardware) is `foreign`; one of this
+            # scope with another key was deposited at another position or after another chain: `moved`.
+            other_scope = isinstance(req, StateRef) and bool(req.scope) and req.scope != self.identity.scope
+            moved = isinstance(req, StateRef) and req.key != segment.key and not other_scope
+            span: dict[str, Any] = {"key": segment.key, "start": segment.start, "end": segment.end,
+                                    "requested_key": req.key if isinstance(req, StateRef) and req.key != segment.key else None}
+            if not c.graft:
+                run.text(segment.ids)
+                uses.append(StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation"))
+                continue
+            try:
+                grafted = run.graft(lambda: self.restorer.graftable(segment, deadline))
+                uses.append(StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes))
+                continue
+            except StateError as e:
+                if c.memo and index == len(c.context) - 1:
+                    raise
+                reason, detail = e.reason, str(e)
+            if other_scope:
+                reason, detail = "foreign", (
+                    f"state {req.key[:12]} was deposited in another scope (another signing key, namespace or "
+                    f"hardware) than this engine's; this engine's own state for the text: {detail}"
+                )
+            if moved:
+                reason, detail = "moved", (
+                    f"state {req.key[:12]} was deposited at positions {req.start}..{req.end} after "
+                    f"{'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; it is needed "
+                    f"at {segment.start}..{segment.end}. {detail}"
+                )
+                if c.approximate or c.blend is not None:
+                    try:
+                        doc_ids = self.layout.document_ids(segment.text)
+
+                        def moved() -> Graftable:
+                            return moved_graft(self.runner.model.hf_model, self.runner.codecs,
+                                               self.restorer.fetch(req.key, None, deadline), doc_ids, segment,
+                                               rerotate=c.rerotate)
+
+                        if c.blend is not None:
+                            grafted, count = blend_into(run, moved, doc_ids, c.blend)
+                            detail += f" Moved and blended: {count} of {len(doc_ids)} tokens recomputed."
+                        else:
+                            grafted = run.graft(moved)
+                        uses.append(StateUse(**span, source="approximate", tier=grafted.tier, reason=reason,
+                                             detail=detail))
+                        continue
+                    except StateError as e:
+                        detail += f" Not moved either: {e}"
+            run.text(segment.ids)
+            uses.append(StateUse(**span, source="text", reason=reason, detail=detail))  # type: ignore[arg-type]
+        return uses
+
+    def _own_stored_run(self, context: Sequence[Segment]) -> int:
+        """Where the run of the context's own stored states from the start ends (cheap: no hashing)."""
+        end = 0
+        for segment in context:
+            if not self.restorer.has(segment.key):
+                break
+            end = segment.end
+        return end
+
+    def _stored_prefix(self, run: Prefill, c: Continuation, deadline: Deadline, *,
+                       better_than: int) -> tuple[int, list[StateUse]]:
+        """Graft the longest stored chain the context begins with, cut where its tokens and the
+        context's part, if it covers more than `better_than` positions; (positions covered, their uses)."""
+        assert self.prefixes is not None
+        began = time.perf_counter()
+        ids = [t for segment in c.context for t in segment.ids]
+        hint = self.prefixes.longest(ids, deadline)
+        chain: list[Found[Restored]] = []
+        # a record may point past its mark (at a deeper state of the chain): worth a look unless it
+        # is one of the context's own states, which the run ending at `better_than` already covers
+        own = {segment.key for segment in c.context}
+        key = hint.key if hint and (hint.position > better_than or hint.key not in own) else None
+        try:
+            while key is not None and len(chain) < len(ids):
+                chain.append(self.restorer.fetch(key, None, deadline))
+                key = chain[-1].value.manifest.parent_key
+        except StateError:
+            chain = []
+        plan: list[tuple[Found[Restored], StatePart, int]] = []
+        covered = 0
+        for found in reversed(chain):
+            manifest = found.value.manifest
+            shared = common_prefix(manifest.token_ids, ids[covered:]) if manifest.start == covered else 0
+            try:
+                part = truncated(self.runner.codecs, found.value.part, covered + shared) if shared else None
+            except ModelError:
+                part = None
+            if part is None:
+                break
+            plan.append((found, part, shared))
+            covered += shared
+            if part.end < manifest.end:
+                break
+        run.restore_s += time.perf_counter() - began
+        if covered <= better_than:  # the context's own states do at least as well
+            return 0, []
+        uses = []
+        for found, part, shared in plan:
+            manifest = found.value.manifest
+            run.graft(lambda part=part, found=found: Graftable(part, found.tier, found.notes))
+            cut = f"its first {shared} of {manifest.token_count} tokens: the longest stored prefix"
+            uses.append(StateUse(key=manifest.key, start=part.start, end=part.end, source="graft", tier=found.tier,
+                                 detail=cut if shared < manifest.token_count else found.notes))
+        return covered, uses
+
+    def _steps(self, c: Continuation) -> Iterator[str]:
+        began = time.perf_counter()
+        run = Prefill(self.runner)
+        uses = self._context(run, c)
+        logits = run.text(c.feed)
+        first_logits = logits.clone()
+        limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
+        sampler = self.runner.sampler(c.sampling)
+        tokens = [sampler.pick(logits)] if limit > 0 else []
+        ttft_s = time.perf_counter() - began
+
+        t = time.perf_counter()
+        text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
+        for token in tokens:
+            yield from text.push(token)
+        while not text.done and len(tokens) < limit:
+            tokens.append(sampler.pick(self.runner.step(tokens[-1], run.cache)))
+            yield from text.push(tokens[-1])
+        yield from text.flush()
+        decode_s = time.perf_counter() - t
+
+        mode = mode_of(uses, memo=c.memo)
+        receipt = Receipt(
+            mode=mode,
+            exact=mode != "approximate-graft",
+            states=uses,
+            tokens_reused=run.reused,
+            tokens_prefilled=run.prefilled,
+            decode_tokens=len(tokens),
+            timings=Timings(
+                restore_ms=run.restore_s * 1e3,
+                prefill_ms=run.prefill_s * 1e3,
+                ttft_ms=ttft_s * 1e3,
+                decode_ms=decode_s * 1e3,
+                total_ms=(time.perf_counter() - began) * 1e3,
+            ),
+            first_token_logits_sha256=logits_sha256(first_logits),
+            model_fingerprint=self.runner.model.fingerprint.digest,
+            hardware_fingerprint=self.identity.hardware.digest,
+            sampling=sampler.sampling,
+            recompute_ratio=c.blend if any(u.source == "approximate" for u in uses) else None,
+            notes=list(c.notes),
+        )
+        return Generation(text=text.text.strip(), tokens=list(c.known) + tokens, receipt=receipt,
+                          first_token_logits=first_logits, finish_reason="stop" if text.done else "length")

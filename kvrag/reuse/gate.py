@@ -1,0 +1,125 @@
+"""The blend gate: a model may blend only after its blends were measured against the exact path.
+
+`BlendGate.calibrate` runs a calibration set of two-document prompts (the second document's state
+deposited on its own, then moved and blended after the first) and the same prompts read exactly,
+and measures the first token's KL divergence and argmax agreement. The result is a sealed record
+bound to the model and hardware fingerprints and the blend setting; `allows` answers from it. A
+model that was never calibrated, or whose result exceeds the thresholds, does not blend: its
+answers stay exact, and the receipt says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from typing import Literal, Sequence
+
+import torch
+from pydantic import BaseModel, Field, ValidationError
+
+from kvrag.core.continuation import Continuation
+from kvrag.core.protocol import Engine
+from kvrag.errors import InputError
+from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
+
+__all__ = ["GateResult", "BlendGate", "MAX_MEAN_KL", "MIN_AGREEMENT", "kl_divergence"]
+
+#: Default thresholds: mean first-token KL (nats) at most this, argmax agreement at least this.
+MAX_MEAN_KL = 0.1
+MIN_AGREEMENT = 0.8
+
+
+class GateResult(BaseModel):
+    format: Literal["kvrag.reuse.gate/1"] = "kvrag.reuse.gate/1"
+    model: str
+    model_fingerprint: str
+    hardware_fingerprint: str
+    ratio: float
+    rerotate: bool
+    samples: int
+    kl_mean: float
+    kl_max: float
+    argmax_agreement: float
+    max_mean_kl: float
+    min_agreement: float
+    passed: bool
+    at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+
+def kl_divergence(exact: torch.Tensor, approximate: torch.Tensor) -> float:
+    """KL(exact || approximate) of two logits vectors, in nats."""
+    p, q = torch.log_softmax(exact.float(), -1), torch.log_softmax(approximate.float(), -1)
+    return float((p.exp() * (p - q)).sum())
+
+
+class BlendGate:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _name(self, ratio: float, rerotate: bool) -> str:
+        setting = f"kvrag-blend-gate\x00{self.engine.identity.scope}\x00{ratio:.3f}\x00{int(rerotate)}"
+        return "gate/" + hashlib.sha256(setting.encode()).hexdigest()
+
+    def calibrate(self, documents: Sequence[str] | None = None, questions: Sequence[str] | None = None, *,
+                  ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True, samples: int = 8,
+                  max_mean_kl: float = MAX_MEAN_KL, min_agreement: float = MIN_AGREEMENT) -> GateResult:
+        """Measure blends against the exact path on `samples` prompts built from `documents` (each
+        followed by a question about it; default: the bundled sample set) and store the verdict."""
+        if not 0 < ratio <= 1 or samples < 1:
+            raise InputError("the recompute ratio must be in (0, 1] and samples at least 1")
+        if documents is None:
+            from kvrag.data import sample_docs, sample_questions
+
+            by_doc = {q.doc_id: q.question for q in sample_questions()}
+            pairs = [(d.text, by_doc.get(d.id, "What is this text about?")) for d in sample_docs()]
+        else:
+            asked = list(questions or [])
+            pairs = [(d, asked[i] if i < len(asked) else "What is this text about?") for i, d in enumerate(documents)]
+        if len(pairs) < 2:
+            raise InputError("calibrating a blend needs at least two documents")
+        engine, kls, agree = self.engine, [], 0
+        for i in range(samples):
+            (first, _), (second, question) = pairs[i % len(pairs)], pairs[(i + 1 + i // len(pairs)) % len(pairs)]
+            roots = [engine.ensure(first), engine.ensure(second)]
+            segments = engine.plan([first, second])
+            feed = engine.planner.question(question, segments)
+            exact = engine.run(Continuation(segments, feed, 1, graft=False)).result().first_token_logits
+            blended = engine.run(Continuation(segments, feed, 1, requested=roots, blend=ratio,
+                                              rerotate=rerotate)).result().first_token_logits
+            kls.append(kl_divergence(exact, blended))
+            agree += int(exact.argmax() == blended.argmax())
+        kl_mean, agreement = sum(kls) / len(kls), agree / samples
+        result = GateResult(
+            model=engine.model.name, model_fingerprint=engine.identity.model_digest, hardware_fingerprint=engine.identity.hardware.digest,
+            ratio=ratio, rerotate=rerotate, samples=samples, kl_mean=kl_mean, kl_max=max(kls),
+            argmax_agreement=agreement, max_mean_kl=max_mean_kl, min_agreement=min_agreement,
+            passed=kl_mean <= max_mean_kl and agreement >= min_agreement,
+        )
+        engine.records.put(self._name(ratio, rerotate), result.model_dump_json().encode())
+        return result
+
+    def result(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True) -> GateResult | None:
+        """The stored verdict for this engine's model, hardware and setting (None if never calibrated)."""
+        body = self.engine.records.get(self._name(ratio, rerotate))
+        if body is None:
+            return None
+        try:
+            result = GateResult.model_validate_json(body)
+        except ValidationError:
+            return None
+        bound = (result.model_fingerprint == self.engine.identity.model_digest
+                 and result.hardware_fingerprint == self.engine.identity.hardware.digest
+                 and abs(result.ratio - ratio) < 5e-4 and result.rerotate == rerotate)
+        return result if bound else None
+
+    def refusal(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True) -> str | None:
+        """Why this engine may not blend with this setting (None: it may)."""
+        result = self.result(ratio, rerotate)
+        if result is None:
+            return (f"blending is not calibrated for {self.engine.model.name} at ratio {ratio:.2f}; "
+                    "run `kvrag calibrate` (or engine.gate.calibrate()) first")
+        if not result.passed:
+            return (f"the blend gate refused {result.model} at ratio {result.ratio:.2f}: mean KL {result.kl_mean:.3g} "
+                    f"(at most {result.max_mean_kl:g}), argmax agreement {result.argmax_agreement:.0%} "
+                    f"(at least {result.min_agreement:.0%}) over {result.samples} prompts")
+        return None

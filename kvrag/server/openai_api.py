@@ -1,0 +1,258 @@
+"""The OpenAI wire format, as `kvrag serve` speaks it: requests in, responses and errors out.
+
+Requests are validated here (pydantic), so the server only ever sees well-formed input; what
+kvrag cannot honour (several choices, log-probabilities, tools, penalties) is refused with a 400
+that names the field, rather than silently ignored. Two things are kvrag's own:
+
+- the `kvrag` request field (the OpenAI client's `extra_body={"kvrag": {...}}`): documents to
+  read before the conversation, each as text or `{"text", "state_key"}` (what kvrag's retrievers
+  stamp), and switches for grafting, depositing and the memo;
+- the `kvrag_receipt` response field, beside usage's `prompt_tokens_details.cached_tokens` (the
+  tokens grafted from stored states, as OpenAI reports its own prompt cache).
+
+Decoding is greedy unless `temperature` > 0 (OpenAI's default is 1.0; kvrag's is 0, so that an
+answer is exact, reproducible and memoizable unless sampling is asked for).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kvrag.core.decoding import Generation
+from kvrag.core.receipt import Receipt
+
+__all__ = ["Document", "KVRagOptions", "ChatRequest", "CompletionRequest", "ApiError", "error_body",
+           "chat_response", "chat_chunk", "completion_response", "completion_chunk", "usage_of", "RECEIPT_FIELD"]
+
+#: The response field that carries the receipt.
+RECEIPT_FIELD = "kvrag_receipt"
+_MAX_STOPS = 4  # as OpenAI
+_ROLES = {"developer": "system", "function": "tool"}
+#: OpenAI request fields kvrag does not implement, with the values that ask for nothing
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}), "logit_bias": (None, {}), "echo": (None, False),
+    "best_of": (None, 1), "suffix": (None, ""), "top_logprobs": (None, 0), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,),
+}
+
+
+class ApiError(Exception):
+    """An error with OpenAI's shape: HTTP status, `type`, `code` and the offending `param`."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, code=self.code, param=self.param)
+
+
+def error_body(message: str, *, type: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    """`{"error": {...}}` as OpenAI's API returns it (and its clients parse it)."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class Document(BaseModel):
+    """A document read before the conversation; `state_key` as stamped by kvrag's retrievers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1)
+    state_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
+class KVRagOptions(BaseModel):
+    """The `kvrag` request field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: read in this order, then the conversation's last user message is the question
+    documents: list[Document] = Field(default_factory=list, max_length=64)
+    #: False: every document and message is read as text (the text-RAG arm of a comparison)
+    graft: bool = True
+    #: deposit what was read as text, so the next prompt that begins alike grafts it
+    deposit: bool = True
+    #: answer a recurring question from its verified memo state
+    memo: bool = True
+
+    @field_validator("documents", mode="before")
+    @classmethod
+    def _texts(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"text": d} if isinstance(d, str) else d for d in value]
+        return value
+
+
+class _Sampling(BaseModel):
+    """What chat and completion requests share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1, le=1 << 16)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=1 << 16)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = Field(default=None, ge=0, lt=1 << 63)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool | int | None = None
+    user: str | None = None
+    kvrag: KVRagOptions = Field(default_factory=KVRagOptions)
+
+    @model_validator(mode="after")
+    def _supported(self) -> "_Sampling":
+        refuse = {
+            "n": self.n != 1,
+            "presence_penalty": self.presence_penalty != 0,
+            "frequency_penalty": self.frequency_penalty != 0,
+            "logprobs": bool(self.logprobs),
+        }
+        for extra, defaults in _UNSUPPORTED.items():
+            refuse[extra] = (self.model_extra or {}).get(extra) not in defaults
+        for name, refused in refuse.items():
+            if refused:
+                raise ValueError(f"`{name}` is not supported by kvrag serve; leave it at its default")
+        if len(self.stops) > _MAX_STOPS or any(not s for s in self.stops):
+            raise ValueError(f"`stop` takes up to {_MAX_STOPS} non-empty strings")
+        return self
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def limit(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+
+class ChatMessage(BaseModel):
+    """A chat message; text parts of a content list are joined (images and audio are refused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def as_kvrag(self) -> dict[str, str]:
+        role = _ROLES.get(self.role, self.role)
+        if role not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"unknown role {self.role!r}; use system, developer, user, assistant or tool")
+        if isinstance(self.content, list):
+            texts = []
+            for part in self.content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError("only text content parts are supported")
+                texts.append(part["text"])
+            return {"role": role, "content": "\n".join(texts)}
+        return {"role": role, "content": self.content or ""}
+
+
+class ChatRequest(_Sampling):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+
+    def conversation(self) -> list[dict[str, str]]:
+        try:
+            return [m.as_kvrag() for m in self.messages]
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from e
+
+
+class CompletionRequest(_Sampling):
+    """`POST /v1/completions`: the prompt is one user message, rendered with the chat template."""
+
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("one prompt per request (a list of several is not supported)")
+        return value
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# ---------------------------------------------------------------------------------- responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage_of(receipt: Receipt) -> dict[str, Any]:
+    """OpenAI usage; `cached_tokens` are the prompt tokens grafted from stored states."""
+    prompt = receipt.tokens_reused + receipt.tokens_prefilled
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": receipt.decode_tokens,
+        "total_tokens": prompt + receipt.decode_tokens,
+        "prompt_tokens_details": {"cached_tokens": receipt.tokens_reused},
+    }
+
+
+def _common(id: str, object: str, model: str, fingerprint: str, created: int | None = None) -> dict[str, Any]:
+    return {"id": id, "object": object, "created": created or int(time.time()), "model": model,
+            "system_fingerprint": fingerprint}
+
+
+def chat_response(id: str, model: str, fingerprint: str, generation: Generation) -> dict[str, Any]:
+    choice = {"message": {"role": "assistant", "content": generation.text}}
+    return _whole(_common(id, "chat.completion", model, fingerprint), choice, generation)
+
+
+def completion_response(id: str, model: str, fingerprint: str, generation: Generation) -> dict[str, Any]:
+    return _whole(_common(id, "text_completion", model, fingerprint), {"text": generation.text}, generation)
+
+
+def chat_chunk(id: str, model: str, fingerprint: str, created: int, *, delta: dict[str, Any] | None = None,
+               generation: Generation | None = None, usage: bool = False) -> dict[str, Any]:
+    """A `chat.completion.chunk`: a delta, the closing chunk (finish reason and receipt) when
+    `generation` is given, or with `usage` the usage-only chunk that `include_usage` asks for."""
+    chunk = _common(id, "chat.completion.chunk", model, fingerprint, created)
+    return _chunk(chunk, {"delta": delta or {}}, generation, usage)
+
+
+def completion_chunk(id: str, model: str, fingerprint: str, created: int, *, text: str = "",
+                     generation: Generation | None = None, usage: bool = False) -> dict[str, Any]:
+    """A streamed `text_completion`, as `chat_chunk`."""
+    chunk = _common(id, "text_completion", model, fingerprint, created)
+    return _chunk(chunk, {"text": text}, generation, usage)
+
+
+def _whole(common: dict[str, Any], choice: dict[str, Any], generation: Generation) -> dict[str, Any]:
+    return {
+        **common,
+        "choices": [{"index": 0, **choice, "finish_reason": generation.finish_reason, "logprobs": None}],
+        "usage": usage_of(generation.receipt),
+        RECEIPT_FIELD: generation.receipt.model_dump(mode="json"),
+    }
+
+
+def _chunk(chunk: dict[str, Any], choice: dict[str, Any], generation: Generation | None, usage: bool) -> dict[str, Any]:
+    if usage and generation is not None:
+        return {**chunk, "choices": [], "usage": usage_of(generation.receipt)}
+    finish = generation.finish_reason if generation is not None else None
+    chunk["choices"] = [{"index": 0, **choice, "finish_reason": finish, "logprobs": None}]
+    if generation is not None:
+        chunk[RECEIPT_FIELD] = generation.receipt.model_dump(mode="json")
+    return chunk
+

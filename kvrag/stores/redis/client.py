@@ -1,0 +1,318 @@
+"""Redis and Redis Cluster tiers: a frame record plus payload frames, pipelined, hash-tagged.
+
+Keys for a state `K` are `PREFIX:{K}:m` (the frame record) and `PREFIX:{K}:f:<payload id>:<i>`
+(its frames). The `{K}` hash tag puts them all in one cluster slot, so one MGET fetches a whole
+state on a single node. Every Redis failure surfaces as `StoreError`, which the engine treats as a
+miss in this tier: the next tier or a text re-prefill answers instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+from kvrag.artifacts.format import parse_manifest
+from kvrag.errors import IntegrityError, StoreError
+from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
+from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameLayout, make_layout, parse_layout
+from kvrag.stores.redis.wire import FramePool, Redirected
+
+__all__ = ["RedisStore"]
+
+_LANES: ThreadPoolExecutor | None = None
+_LANES_LOCK = threading.Lock()
+
+
+def _lanes() -> ThreadPoolExecutor:
+    """The threads that fetch a state's frames over several connections (shared by all stores)."""
+    global _LANES
+    with _LANES_LOCK:
+        if _LANES is None:
+            _LANES = ThreadPoolExecutor(8, thread_name_prefix="kvrag-redis-lane")
+        return _LANES
+
+
+_STATE_FROM_KEY = re.compile(r"\{([0-9a-f]{64})\}")
+
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    import redis
+
+    return (redis.exceptions.RedisError, OSError)
+
+
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    """Failures that say the server cannot be reached in time (they open the breaker)."""
+    import redis
+
+    return (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError, OSError)
+
+
+class RedisStore(StateStore, BlobStore):
+    """A tier on one Redis server or a Redis Cluster. The client is created on first use."""
+
+    def __init__(
+        self,
+        client_factory: Any,
+        *,
+        url: str,
+        prefix: str = "kvrag",
+        frame_bytes: int = DEFAULT_FRAME_BYTES,
+        ttl: int | None = None,
+        frames_per_mget: int = 1,
+        cluster: bool = False,
+        max_state_bytes: int = 16 << 30,
+        streams: int = 2,
+        frame_pool: FramePool | None = None,
+        node: tuple[str, int] | None = None,
+    ) -> None:
+        self.url = url
+        self.cluster = cluster
+        self.max_state_bytes = max_state_bytes
+        self.prefix = prefix
+        self.frame_bytes = frame_bytes
+        self.chunk_bytes = frame_bytes  # states deposited through this tier: one frame per chunk
+        self.ttl = ttl
+        self.frames_per_mget = frames_per_mget
+        self.streams = streams
+        #: frames read straight into the payload buffer over our own connections (see
+        #: `kvrag.stores.redis.wire`); None: through redis-py
+        self.frame_pool = frame_pool
+        self._node = node
+        self._client_factory = client_factory
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                self._client = self._client_factory()
+            except (*_redis_errors(), ValueError) as e:
+                raise StoreError(f"cannot connect to {self.url}: {e}") from e
+        return self._client
+
+    def _mkey(self, key: str) -> str:
+        return f"{self.prefix}:{{{check_key(key)}}}:m"
+
+    def _fkeys(self, key: str, record: FrameLayout) -> list[str]:
+        return [f"{self.prefix}:{{{key}}}:f:{record.payload_id}:{i}" for i in range(len(record.frames))]
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """One round trip; while the breaker is open (the server just timed out or failed), none."""
+        if self.breaker.is_open:
+            raise StoreError(f"{what} skipped on {self.url}: {self.breaker.why}")
+        try:
+            return fn(*args, **kwargs)
+        except _redis_errors() as e:
+            if isinstance(e, _unreachable_errors()):
+                self.breaker.trip(f"{type(e).__name__} at {time.strftime('%H:%M:%S')}")
+            raise StoreError(f"{what} failed on {self.url}: {type(e).__name__}: {e}") from e
+
+    def get_record(self, key: str) -> FrameLayout | None:
+        raw = self._call("GET", lambda: self.client.get(self._mkey(key)))
+        return None if raw is None else parse_layout(raw)
+
+    def read_manifest(self, key: str) -> bytes | None:
+        record = self.get_record(key)
+        return None if record is None else record.manifest.encode()
+
+    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
+        """The record, then its frames: the manifest and payload of one write, always together
+        (a rewrite of the key in between leaves the old frames until gc)."""
+        record = self.get_record(key)
+        if record is None:
+            return None
+        manifest = record.manifest.encode()
+        checked = check(manifest) if check else None
+        # The frame layout comes from the manifest (signed, and checked just now), never from the
+        # record: a record listing anything but exactly the manifest's chunks is refused before a
+        # byte is allocated.
+        # (A raw read with no check, for tools, takes the record's layout, bounded by max_state_bytes.)
+        if check is not None:
+            layout = checked.layout if checked is not None and checked.layout else parse_manifest(manifest).layout
+            if (record.payload_bytes, record.frame_bytes, list(record.frames)) != (
+                layout.size, layout.chunk_bytes, list(layout.chunks)
+            ):
+                raise IntegrityError(f"state {key[:12]}: its frame record does not list the manifest's chunks")
+        keys = self._fkeys(key, record)
+        assembler = Assembler(record, self.max_state_bytes)
+
+        def fetch(batch: list[str]) -> list[Any]:
+            if self.cluster:  # a cluster pipeline refuses MGET; its GETs all go to the slot's node
+                pipe = self.client.pipeline(transaction=False)
+                for name in batch:
+                    pipe.get(name)
+                return list(pipe.execute())
+            return list(self.client.mget(batch))
+
+        if self.frame_pool is not None and keys:
+            try:
+                return self._read_direct(keys, assembler, manifest, checked)
+            except Redirected:  # the slot moved: redis-py follows it (and refreshes its map) below
+                assembler = Assembler(record, self.max_state_bytes)
+        # Frames are checked on the hashing threads while the next one is on the wire. One frame per
+        # request measured fastest here: a multi-frame reply makes the server buffer, and the parser
+        # grow, tens of megabytes at once.
+        for i in range(0, len(keys), self.frames_per_mget):
+            if not assembler.add(self._call("MGET frames", fetch, keys[i : i + self.frames_per_mget])):
+                return None
+        return StoredState(manifest, assembler.result(), checked)
+
+    def _read_direct(self, keys: list[str], assembler: Assembler, manifest: bytes, checked: Any) -> StoredState | None:
+        """Each frame received straight into its slot and checked there while the next one is on
+        the wire, over `streams` connections of our own to the node that holds the state."""
+        assert self.frame_pool is not None
+        pool = self.frame_pool
+        if self.breaker.is_open:
+            raise StoreError(f"GET frames skipped on {self.url}: {self.breaker.why}")
+        host, port = self._node_of(keys[0])
+        lanes = min(self.streams, len(keys))
+
+        def lane(start: int) -> bool:
+            connection = pool.take(host, port)
+            healthy = False
+            try:
+                for index in range(start, len(keys), lanes):
+                    if not connection.get_into(keys[index], assembler.slot(index)):
+                        healthy = True
+                        return False
+                    assembler.received(index)
+                healthy = True
+                return True
+            except Redirected:
+                raise
+            except StoreError as e:
+                self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")
+                raise
+            finally:
+                (pool.give(host, port, connection) if healthy else connection.close())
+
+        results = [lane(0)] if lanes == 1 else list(_lanes().map(lane, range(lanes)))
+        if not all(results):
+            return None
+        assembler.placed(len(keys))
+        return StoredState(manifest, assembler.result(), checked)
+
+    def _node_of(self, name: str) -> tuple[str, int]:
+        """The server that holds `name`: the URL's, or the cluster node that serves its slot."""
+        if not self.cluster:
+            assert self._node is not None
+            return self._node
+        node = self._call("CLUSTER SLOTS", self.client.get_node_from_key, name)
+        return node.host, int(node.port)
+
+    def complete(self, key: str) -> bool:
+        record = self.get_record(key)
+        if record is None:
+            return False
+        if record.payload_bytes > self.max_state_bytes:
+            return False
+        keys = self._fkeys(key, record)  # one slot (the {key} hash tag): one EXISTS, one round trip
+        return not keys or self._call("EXISTS", lambda: self.client.exists(*keys)) == len(keys)
+
+    def put(self, key: str, manifest: bytes, payload: Any) -> None:
+        # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.
+        record, frames = make_layout(manifest, payload, _chunk_bytes(manifest, self.frame_bytes))
+        keys = self._fkeys(key, record)
+
+        def write() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for name, frame in zip(keys, frames):
+                pipe.set(name, frame.tobytes() if len(frames) > 1 else bytes(frame), ex=self.ttl)
+            pipe.execute()
+            # The record last: a reader never finds a record whose frames are not all written.
+            self.client.set(self._mkey(key), record.model_dump_json(), ex=self.ttl)
+
+        self._call("SET", write)
+
+    def delete(self, key: str) -> None:
+        record = self.get_record(key)
+
+        def remove() -> None:
+            self.client.delete(self._mkey(key))  # the record first: readers see a miss, never a half
+            for name in self._fkeys(key, record) if record else []:
+                self.client.delete(name)
+
+        self._call("DEL", remove)
+
+    def _scan(self, pattern: str) -> Iterator[str]:
+        try:
+            for name in self.client.scan_iter(match=pattern, count=1000):
+                yield name.decode() if isinstance(name, bytes) else name
+        except _redis_errors() as e:
+            raise StoreError(f"SCAN failed on {self.url}: {e}") from e
+
+    def keys(self) -> Iterator[str]:
+        for name in self._scan(f"{self.prefix}:{{*}}:m"):
+            match = _STATE_FROM_KEY.search(name)
+            if match:
+                yield match.group(1)
+
+    def orphan_frames(self, grace_s: float = 0.0) -> list[str]:
+        """Frame keys that no record refers to (left by an interrupted or superseded write) and
+        that nothing touched for `grace_s` seconds (a write in progress writes its record last)."""
+        wanted: dict[str, set[str]] = {}
+        orphans = []
+        for name in self._scan(f"{self.prefix}:{{*}}:f:*"):
+            match = _STATE_FROM_KEY.search(name)
+            if not match:
+                continue
+            key = match.group(1)
+            if key not in wanted:
+                try:
+                    record = self.get_record(key)
+                except Exception:  # noqa: BLE001 - an unreadable record refers to nothing
+                    record = None
+                wanted[key] = set(self._fkeys(key, record)) if record else set()
+            if name not in wanted[key] and self._idle(name) >= grace_s:
+                orphans.append(name)
+        return orphans
+
+    def _idle(self, name: str) -> float:
+        """Seconds since `name` was last touched (0 when Redis cannot tell, e.g. under an LFU policy)."""
+        try:
+            return float(self.client.object("idletime", name) or 0)
+        except _redis_errors():
+            return 0.0
+
+    def delete_raw(self, names: list[str]) -> int:
+        return sum(self._call("DEL", lambda n=name: self.client.delete(n)) for name in names)
+
+    def _bkey(self, name: str) -> str:
+        return f"{self.prefix}:blob:{check_blob_name(name)}"
+
+    def get_blob(self, name: str) -> bytes | None:
+        return self._call("GET", lambda: self.client.get(self._bkey(name)))
+
+    def put_blob(self, name: str, data: bytes, *, ttl: int | None = None) -> None:
+        self._call("SET", lambda: self.client.set(self._bkey(name), data, ex=ttl or self.ttl))
+
+    def delete_blob(self, name: str) -> None:
+        self._call("DEL", lambda: self.client.delete(self._bkey(name)))
+
+    def blob_names(self, namespace: str) -> Iterator[str]:
+        start = len(f"{self.prefix}:blob:")
+        return (name[start:] for name in self._scan(f"{self.prefix}:blob:{namespace}/*"))
+
+    def close(self) -> None:
+        if self.frame_pool is not None:
+            self.frame_pool.close()
+        if self._client is not None:
+            try:
+                self._client.close()
+            except _redis_errors():
+                pass
+            self._client = None
+
+
+def _chunk_bytes(manifest: bytes, default: int) -> int:
+    """The chunk size a manifest declares (frames are its chunks); `default` if it declares none."""
+    try:
+        value = json.loads(manifest).get("payload_chunk_bytes", default)
+        return value if isinstance(value, int) and 1 <= value <= 1 << 30 else default
+    except (ValueError, AttributeError, RecursionError):
+        return default

@@ -1,0 +1,149 @@
+"""Framing for remote tiers: a payload split into fixed-size frames, each with its own SHA-256.
+
+The frame record (JSON) holds the state's manifest and the frames' digests. It is written after
+every frame, so a reader that finds a record finds frames that were complete when it was written;
+a frame that has since been evicted, truncated or altered makes the whole state a miss. Frames are
+named by the payload's digest, so two writers of the same key never mix their frames.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from concurrent.futures import Future
+from typing import Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, chunk_digests, hash_pool
+from kvrag.errors import IntegrityError
+
+__all__ = ["FrameLayout", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "Assembler", "make_layout", "parse_layout", "split", "assemble"]
+
+DEFAULT_FRAME_BYTES = CHUNK_BYTES  # the manifest's chunk size: frame checks then stand for the payload check
+MAX_STATE_BYTES = 1 << 36  # 64 GiB: anything larger is a forged or corrupt record
+_HEX64 = r"^[0-9a-f]{64}$"
+_HEX_RUN = re.compile(r"[0-9a-f]*")
+
+
+class FrameLayout(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["kvrag.frames/1"] = "kvrag.frames/1"
+    manifest: str = Field(max_length=64 << 20)
+    payload_sha256: str = Field(pattern=_HEX64)
+    payload_bytes: int = Field(ge=0, le=MAX_STATE_BYTES)
+    frame_bytes: int = Field(ge=1, le=1 << 30)
+    frames: list[str] = Field(max_length=1 << 20)
+
+    @model_validator(mode="after")
+    def _counts_agree(self) -> "FrameLayout":
+        expected = -(-self.payload_bytes // self.frame_bytes)
+        if len(self.frames) != expected:
+            raise ValueError(f"{len(self.frames)} frames cannot hold {self.payload_bytes} bytes in {self.frame_bytes}-byte frames")
+        # one C-level pass, not a Python loop per character: a forged record may list a million frames
+        if any(len(digest) != 64 for digest in self.frames) or not _HEX_RUN.fullmatch("".join(self.frames)):
+            raise ValueError("frame digests must be 64 lowercase hex characters")
+        return self
+
+    @property
+    def payload_id(self) -> str:
+        return self.payload_sha256[:16]
+
+    def frame_length(self, index: int) -> int:
+        return min(self.frame_bytes, self.payload_bytes - index * self.frame_bytes)
+
+
+def make_layout(manifest: bytes, payload: bytes | memoryview, frame_bytes: int = DEFAULT_FRAME_BYTES) -> tuple[FrameLayout, list[memoryview]]:
+    frames = split(payload, frame_bytes)
+    record = FrameLayout(
+        manifest=manifest.decode(),
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+        payload_bytes=len(payload),
+        frame_bytes=frame_bytes,
+        frames=chunk_digests(payload, frame_bytes),
+    )
+    return record, frames
+
+
+def parse_layout(raw: bytes) -> FrameLayout:
+    """Parse a frame record; sizes and counts are checked before anything is allocated."""
+    try:
+        return FrameLayout.model_validate_json(raw)
+    except (ValidationError, ValueError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"frame record is malformed: {str(e).splitlines()[0]}") from e
+
+
+def split(payload: bytes | memoryview, frame_bytes: int) -> list[memoryview]:
+    view = memoryview(payload).cast("B")
+    return [view[i : i + frame_bytes] for i in range(0, len(view), frame_bytes)]
+
+
+class Assembler:
+    """Frames checked and copied into one buffer as they arrive, on the hashing threads.
+
+    Feed batches in order with `add`; `result()` waits for the checks and returns the buffer,
+    marked with the digests it was checked against, or raises `IntegrityError`.
+    """
+
+    def __init__(self, record: FrameLayout, max_bytes: int = MAX_STATE_BYTES) -> None:
+        if record.payload_bytes > max_bytes:
+            raise IntegrityError(f"frame record claims {record.payload_bytes} bytes, over this store's limit of {max_bytes}")
+        self.record = record
+        self.buffer = CheckedBuffer(record.payload_bytes)
+        self._view = self.buffer.view()
+        self._next = 0
+        self._checks: list[Future[None]] = []
+
+    def add(self, frames: Sequence[bytes | None]) -> bool:
+        """Queue a batch; False if a frame is missing (the state is a miss)."""
+        for frame in frames:
+            index = self._next
+            if frame is None:
+                return False
+            if index >= len(self.record.frames) or len(frame) != self.record.frame_length(index):
+                raise IntegrityError(f"frame {index} is {len(frame)} bytes, expected {self.record.frame_length(min(index, len(self.record.frames) - 1))}")
+            self._checks.append(hash_pool().submit(self._check_and_copy, index, frame))
+            self._next += 1
+        return True
+
+    def placed(self, count: int) -> None:
+        self._next = count
+
+    def slot(self, index: int) -> memoryview:
+        """Where frame `index` goes in the buffer: a reader that receives it there directly calls
+        `received(index)` next, and the frame is checked in place."""
+        offset = index * self.record.frame_bytes
+        return self._view[offset : offset + self.record.frame_length(index)]
+
+    def received(self, index: int) -> None:
+        """Frame `index` is in its slot: check it on the hashing threads."""
+        self._checks.append(hash_pool().submit(self._check_in_place, index))
+
+    def _check_in_place(self, index: int) -> None:
+        if hashlib.sha256(self.slot(index)).hexdigest() != self.record.frames[index]:
+            raise IntegrityError(f"frame {index} does not match its SHA-256")
+
+    def _check_and_copy(self, index: int, frame: bytes) -> None:
+        if hashlib.sha256(frame).hexdigest() != self.record.frames[index]:
+            raise IntegrityError(f"frame {index} does not match its SHA-256")
+        offset = index * self.record.frame_bytes
+        self._view[offset : offset + len(frame)] = frame
+
+    def result(self) -> CheckedBuffer:
+        for check in self._checks:
+            check.result()
+        if self._next != len(self.record.frames):
+            raise IntegrityError(f"{self._next} frames arrived, the record lists {len(self.record.frames)}")
+        self.buffer.chunk_bytes = self.record.frame_bytes
+        self.buffer.chunk_digests = list(self.record.frames)
+        return self.buffer
+
+
+def assemble(record: FrameLayout, frames: Sequence[bytes | None]) -> CheckedBuffer | None:
+    """One buffer from all the frames, each checked; `None` if any frame is missing."""
+    if len(frames) != len(record.frames) or any(f is None for f in frames):
+        return None
+    assembler = Assembler(record)
+    assembler.add(frames)
+    return assembler.result()

@@ -1,0 +1,151 @@
+"""Redis store URLs: `redis://`, `rediss://` (TLS) and `redis+cluster://`, their parameters,
+credentials from the environment, short timeouts, and the direct frame readers' settings."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from kvrag.errors import StoreError
+from kvrag.stores.base import shorten
+from kvrag.stores.redis.client import RedisStore
+from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES
+from kvrag.stores.redis.wire import FramePool
+
+__all__ = ["redis_store_from_url"]
+
+_OUR_PARAMS = ("ttl", "frame_mib", "prefix", "streams", "wire")
+
+
+def _split_our_params(url: str) -> tuple[str, dict[str, str]]:
+    parts = urlsplit(url)
+    ours, theirs = {}, []
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        (ours.__setitem__(name, value) if name in _OUR_PARAMS else theirs.append((name, value)))
+    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+
+
+def _connection_kwargs(url: str) -> dict[str, Any]:
+    """Short timeouts and no retries: a slow or wrong server costs seconds, then the text answers."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    parts = urlsplit(url)
+    kwargs: dict[str, Any] = {
+        "socket_connect_timeout": _seconds("KVRAG_REDIS_CONNECT_TIMEOUT", 1.0),
+        "socket_timeout": _seconds("KVRAG_REDIS_TIMEOUT", 5.0),
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_timeout": False,
+    }
+    if not parts.username and os.environ.get("KVRAG_REDIS_USERNAME"):
+        kwargs["username"] = os.environ["KVRAG_REDIS_USERNAME"]
+    if not parts.password and os.environ.get("KVRAG_REDIS_PASSWORD"):
+        kwargs["password"] = os.environ["KVRAG_REDIS_PASSWORD"]
+    if parts.scheme == "rediss":
+        for env, arg in (("KVRAG_REDIS_CA_CERT", "ssl_ca_certs"), ("KVRAG_REDIS_CERT", "ssl_certfile"), ("KVRAG_REDIS_KEY", "ssl_keyfile")):
+            if os.environ.get(env):
+                kwargs[arg] = os.environ[env]
+    return kwargs
+
+
+def _seconds(env: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(env, default))
+    except ValueError as e:
+        raise StoreError(f"{env} must be a number of seconds: {e}") from e
+    if not 0 < value < 3600:
+        raise StoreError(f"{env} must be between 0 and 3600 seconds")
+    return value
+
+
+def _hosts(netloc: str) -> list[tuple[str, int]]:
+    """`host:port[,host:port...]` (after any credentials), ports checked."""
+    hosts = []
+    for item in netloc.rsplit("@", 1)[-1].split(","):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+            raise StoreError(f"{shorten(item)} is not host:port with a port from 1 to 65535")
+        hosts.append((host, int(port)))
+    return hosts
+
+
+def redis_store_from_url(url: str) -> RedisStore:
+    """`redis://[user:pass@]host:port/db`, `rediss://...` (TLS), or `redis+cluster://h:p[,h:p...]`.
+
+    Query parameters: `ttl` (seconds), `frame_mib` (frame size), `prefix` (key prefix), `streams`
+    (connections a state's frames are received over by the direct wire, default 2), `wire` (`direct`, the default for
+    plain TCP: frames received straight into the payload buffer; `client`: through redis-py);
+    others go to redis-py. Credentials and TLS files may also come from `KVRAG_REDIS_USERNAME`,
+    `KVRAG_REDIS_PASSWORD`, `KVRAG_REDIS_CA_CERT`, `KVRAG_REDIS_CERT`, `KVRAG_REDIS_KEY`.
+    """
+    redis_url, ours = _split_our_params(url)
+    try:
+        ttl = int(ours["ttl"]) if ours.get("ttl") else None
+        frame_mib = float(ours.get("frame_mib", DEFAULT_FRAME_BYTES / 2**20))
+        streams = int(ours.get("streams", 2))
+        wire = ours.get("wire", "direct")
+    except ValueError as e:
+        raise StoreError(f"ttl and streams must be whole numbers and frame_mib a number of MiB: {e}") from e
+    if wire not in ("direct", "client"):
+        raise StoreError("wire must be direct (frames received straight into the payload buffer) or client (redis-py)")
+    if not 1 <= streams <= 8:
+        raise StoreError("streams (connections a state's frames are fetched over) must be from 1 to 8")
+    if not math.isfinite(frame_mib) or not 4096 <= frame_mib * 2**20 <= 1 << 30:
+        raise StoreError(f"frame_mib must be from 0.004 (4 KiB) to 1024 (1 GiB), got {shorten(ours['frame_mib'])}")
+    frame_bytes = int(frame_mib * 2**20)
+    if ttl is not None and ttl < 1:
+        raise StoreError("ttl must be at least 1 second")
+    prefix = ours.get("prefix", "kvrag")
+    if not prefix or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", prefix):
+        raise StoreError(f"prefix {shorten(prefix)} may hold only letters, digits and _ . : - "
+                         "(glob characters would let one prefix's gc reach another's keys)")
+    scheme = urlsplit(redis_url).scheme
+    if scheme in ("redis", "rediss"):
+        _hosts(urlsplit(redis_url).netloc)  # a port that is not a number fails here, with one line
+    try:
+        import redis
+    except ImportError as e:  # pragma: no cover - redis is a dependency
+        raise StoreError("Redis stores need the redis package: pip install 'redis[hiredis]'") from e
+    frame_pool, node = None, None
+    if scheme in ("redis", "rediss"):
+        kwargs = _connection_kwargs(redis_url)
+        if scheme == "redis" and wire == "direct":
+            parsed = redis.connection.parse_url(redis_url)
+            node = (parsed.get("host", "localhost"), int(parsed.get("port", 6379)))
+            frame_pool = _frame_pool(kwargs, parsed.get("db", 0), parsed.get("username"), parsed.get("password"))
+
+        def factory() -> Any:
+            return redis.Redis.from_url(redis_url, **kwargs)
+
+    elif scheme == "redis+cluster":
+        parts = urlsplit(redis_url)
+        nodes = [redis.cluster.ClusterNode(host, port) for host, port in _hosts(parts.netloc)]
+        if not nodes:
+            raise StoreError(f"redis+cluster:// needs at least one host:port, got {url!r}")
+        kwargs = _connection_kwargs(redis_url)
+        kwargs.pop("retry")
+        if parts.username:
+            kwargs["username"] = parts.username
+        if parts.password:
+            kwargs["password"] = parts.password
+        if wire == "direct" and "ssl" not in parts.query:
+            frame_pool = _frame_pool(kwargs, 0, kwargs.get("username"), kwargs.get("password"))
+
+        def factory() -> Any:
+            return redis.RedisCluster(startup_nodes=nodes, **kwargs)
+
+    else:
+        raise StoreError(f"not a Redis URL: {url!r}")
+    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster=scheme == "redis+cluster",
+                      streams=streams, frame_pool=frame_pool, node=node)
+
+
+def _frame_pool(kwargs: dict[str, Any], db: int, username: str | None, password: str | None) -> FramePool:
+    return FramePool(db=int(db or 0), username=username or kwargs.get("username"),
+                     password=password or kwargs.get("password"), timeout=kwargs["socket_timeout"],
+                     connect_timeout=kwargs["socket_connect_timeout"])

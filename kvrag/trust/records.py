@@ -1,0 +1,48 @@
+"""Sealed records: small blobs (memo entries, library entries, cache lines) that a reader
+authenticates before trusting. Each is sealed with the signing key and bound to its slot (see
+`kvrag.trust.signing.seal`); a record that fails its seal or does not parse is a miss, logged, never an
+error in an answer."""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+from kvrag.errors import SignatureError, StoreError
+from kvrag.stores import BlobStore
+from kvrag.stores.deadline import Deadline
+from kvrag.trust.signing import seal, unseal
+
+__all__ = ["SealedRecords"]
+
+log = logging.getLogger("kvrag.records")
+
+
+class SealedRecords:
+    def __init__(self, store: BlobStore, key: bytes, *, allow_unsigned: bool = False) -> None:
+        self.store = store
+        self.key = key
+        self.allow_unsigned = allow_unsigned or bool(getattr(store, "allow_unsigned", False))
+
+    def get(self, name: str, deadline: Deadline | None = None) -> bytes | None:
+        """The body of the record in slot `name`, or None if absent, unreadable, not authentic, or
+        not read within `deadline`."""
+        try:
+            raw = self.store.fetch_blob(name, deadline)
+            if raw is None:
+                return None
+            return unseal(self.key, name, raw, allow_unsigned=self.allow_unsigned, where=getattr(self.store, "url", ""))
+        except SignatureError as e:
+            log.warning("refused record: %s", e)
+        except StoreError as e:
+            log.warning("could not read %s: %s", name, e)
+        return None
+
+    def put(self, name: str, body: bytes, *, ttl: int | None = None) -> None:
+        self.store.put_blob(name, seal(self.key, name, body), ttl=ttl)
+
+    def delete(self, name: str) -> None:
+        self.store.delete_blob(name)
+
+    def names(self, namespace: str) -> Iterator[str]:
+        return self.store.blob_names(namespace)

@@ -1,0 +1,136 @@
+"""HMAC-SHA256 on everything a stored byte can steer: a shared store is a trust boundary.
+
+Whoever can write to a store could otherwise steer the model invisibly: plant a state, rewrite a
+memo entry, edit a cache line. So kvrag signs by default. The key is `KVEngine(signing_key=...)`,
+else `KVRAG_SIGNING_KEY`, else a random per-user key created once in kvrag's home folder
+(owner-only permissions). Machines that share a store share a key by setting the same
+`KVRAG_SIGNING_KEY` (or copying the key file). An empty key is an error, never "no signing".
+
+- State manifests carry a `signature` over the whole manifest (which commits to the payload's
+  chunk digests, so the payload is covered too).
+- Small records (memo entries, library entries, cache lines) are sealed: an envelope whose MAC
+  covers the record's body and the name of the slot it was written to, so an entry copied into
+  another slot fails like a rewritten one.
+
+Unsigned data is refused unless the reader opts in (`allow_unsigned=True`, `?allow_unsigned=1`),
+which logs a warning once per store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+from pathlib import Path
+
+from kvrag.artifacts.format import StateManifest
+from kvrag.errors import InputError, SignatureError
+from kvrag.paths import kvrag_home
+
+__all__ = ["KEY_ENV", "resolve_signing_key", "default_key_path", "sign_manifest", "check_signature", "mac", "seal",
+           "unseal", "warn_unsigned_once"]
+
+log = logging.getLogger("kvrag.signing")
+
+KEY_ENV = "KVRAG_SIGNING_KEY"
+_SEALED = b"kvrag.sealed/1 "
+_warned: set[str] = set()
+
+
+def default_key_path() -> Path:
+    return kvrag_home() / "signing.key"
+
+
+def _default_key() -> bytes:
+    """This user's key, created once (32 random bytes, hex, mode 0600); concurrent first runs agree."""
+    path = default_key_path()
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+            try:
+                os.link(tmp, path)  # never replaces a key another process made first
+            except FileExistsError:
+                pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    key = path.read_bytes().strip()
+    if not key:
+        raise InputError(f"the signing key file {path} is empty; delete it to have a new one made")
+    return key
+
+
+def resolve_signing_key(key: bytes | str | None = None) -> bytes:
+    """The key to sign with: `key`, else `$KVRAG_SIGNING_KEY`, else this user's key file."""
+    if key is None:
+        env = os.environ.get(KEY_ENV)
+        if env is not None and not env.strip():
+            raise InputError(f"{KEY_ENV} is set but empty; set it to a shared secret, or unset it to use "
+                             f"this user's key ({default_key_path()})")
+        key = env if env is not None else _default_key()
+    data = key.encode() if isinstance(key, str) else bytes(key)
+    if not data.strip():
+        raise InputError("an empty signing key would let anyone sign; pass a secret, or None for this user's key")
+    return data
+
+
+def mac(key: bytes, domain: bytes, *parts: bytes) -> str:
+    digest = hmac.new(key, domain, hashlib.sha256)
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little") + part)
+    return digest.hexdigest()
+
+
+def _manifest_mac(manifest: StateManifest, key: bytes) -> str:
+    return mac(key, b"kvrag-manifest", manifest.model_copy(update={"signature": None}).model_dump_json().encode())
+
+
+def sign_manifest(manifest: StateManifest, key: bytes) -> StateManifest:
+    return manifest.model_copy(update={"signature": _manifest_mac(manifest, key)})
+
+
+def warn_unsigned_once(where: str) -> None:
+    if where not in _warned:
+        _warned.add(where)
+        log.warning("reading unsigned data from %s (allow_unsigned is on): anyone who can write there can "
+                    "steer answers", where)
+
+
+def check_signature(manifest: StateManifest, key: bytes, *, allow_unsigned: bool = False, where: str = "") -> None:
+    """Raise `SignatureError` (and log it) unless the manifest is validly signed with `key`.
+
+    With `allow_unsigned`, an unsigned manifest passes (a warning is logged once per `where`); a
+    wrong signature never does."""
+    if manifest.signature is None:
+        if allow_unsigned:
+            warn_unsigned_once(where)
+            return
+        log.warning("refused unsigned state %s", manifest.key[:12])
+        raise SignatureError(f"state {manifest.key[:12]} is unsigned; it is refused (allow_unsigned=True reads "
+                             "unsigned states)")
+    if not hmac.compare_digest(manifest.signature, _manifest_mac(manifest, key)):
+        log.warning("refused state %s: its signature does not match", manifest.key[:12])
+        raise SignatureError(f"state {manifest.key[:12]} has a signature that does not match this key; it is refused")
+
+
+def seal(key: bytes, name: str, body: bytes) -> bytes:
+    """A record bound to its slot `name`: `kvrag.sealed/1 <mac>\\n<body>`."""
+    return _SEALED + mac(key, b"kvrag-record", name.encode(), body).encode() + b"\n" + body
+
+
+def unseal(key: bytes, name: str, data: bytes, *, allow_unsigned: bool = False, where: str = "") -> bytes:
+    """The body of a record sealed for slot `name` with `key`; `SignatureError` otherwise."""
+    data = bytes(data)
+    if not data.startswith(_SEALED):
+        if allow_unsigned:
+            warn_unsigned_once(where)
+            return data
+        raise SignatureError(f"{name} is not sealed; it is refused")
+    tag, newline, body = data[len(_SEALED):].partition(b"\n")
+    if not newline or not hmac.compare_digest(tag, mac(key, b"kvrag-record", name.encode(), body).encode()):
+        raise SignatureError(f"{name} has a seal that does not match this key and slot; it is refused")
+    return body
