@@ -26,13 +26,17 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kvrag demo
 
 # The tests start their own throwaway redis-server processes (never the shared one on 6379).
+# kvrag's suite, then each integration distribution's own (tests/unit_tests, tests/integration_tests),
+# run from its folder as a LangChain partner package runs its tests.
 test: setup
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	set -e; for dist in $(INTEGRATIONS); do (cd $$dist && HF_HUB_OFFLINE=1 $(CURDIR)/$(BIN)/python -m pytest -q tests); done
 
 # The fast subset: tiny models, memory and disk stores, no servers (seconds).
 test-unit: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/unit
+	set -e; for dist in $(INTEGRATIONS); do (cd $$dist && HF_HUB_OFFLINE=1 $(CURDIR)/$(BIN)/python -m pytest -q tests/unit_tests); done
 
 verify: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kvrag verify --model smollm2-135m --samples 50

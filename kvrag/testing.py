@@ -23,11 +23,21 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import redis
 
-__all__ = ["RedisServer", "RedisCluster", "KVRagServer", "free_port"]
+from kvrag.models import LoadedModel, load_model
+
+__all__ = ["RedisServer", "RedisCluster", "KVRagServer", "free_port", "tiny_model"]
+
+
+@lru_cache(maxsize=None)
+def tiny_model(family: str = "llama", dtype: str = "float32", attn: str = "sdpa") -> LoadedModel:
+    """`tiny-random-<family>`, loaded once per process: random weights, for tests that need breadth
+    (every family, dtype and kernel) rather than a trained model's answers."""
+    return load_model(f"tiny-random-{family}", dtype=dtype, attn=attn)
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")

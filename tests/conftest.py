@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 
 import pytest
 
@@ -9,7 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from kvrag import KVEngine, LoadedModel, MemoryStore, load_model  # noqa: E402
-from kvrag.models.tiny import TINY_FAMILIES  # noqa: E402
+from kvrag.models import TINY_FAMILIES  # noqa: E402
+from kvrag.testing import tiny_model  # noqa: E402
 
 FAMILIES = sorted(TINY_FAMILIES)
 DTYPES = ["float32", "bfloat16"]
@@ -24,9 +24,8 @@ DOC_C = "Today the tower is a museum. Visitors climb 212 steps to the lantern ro
 QUESTION = "Who built the lighthouse?"
 
 
-@lru_cache(maxsize=None)
 def tiny(family: str, dtype: str = "float32", attn: str = "sdpa") -> LoadedModel:
-    return load_model(f"tiny-random-{family}", dtype=dtype, attn=attn)
+    return tiny_model(family, dtype, attn)
 
 
 def resigned(engine: KVEngine, manifest: bytes | dict) -> bytes:

@@ -3,11 +3,9 @@ query engine inside `RetrieverQueryEngine`, sync, async and streaming, with rece
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from llama_index.core.query_engine import RetrieverQueryEngine
-from llama_index.core.schema import MetadataMode, QueryBundle, TextNode
+from llama_index.core.schema import TextNode
 from llama_index.llms.kvrag import KVQueryEngine, KVRagLLM, KVSynthesizer
 from llama_index.retrievers.kvrag import STATE_KEY, KVRetriever
 
@@ -27,24 +25,6 @@ def nodes():
 @pytest.fixture
 def tiny_engine():
     return KVEngine(tiny("llama"), MemoryStore())
-
-
-def test_retriever_nodes_carry_hidden_json_safe_state_keys(tiny_engine, nodes):
-    retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=2)
-    found = retriever.retrieve(QUESTION)
-    assert len(found) == 2 and found[0].node.node_id == "varrow-lighthouse"
-    node = found[0].node
-    assert len(node.metadata[STATE_KEY]) == 64 and tiny_engine.deposited(tiny_engine.ref(node.text))
-    assert STATE_KEY not in node.get_content(MetadataMode.LLM) and STATE_KEY not in node.get_content(MetadataMode.EMBED)
-    json.dumps(node.metadata)
-    wrapped = KVRetriever.from_defaults(KVEngine(tiny("llama"), MemoryStore()), retriever=retriever, similarity_top_k=1)
-    assert [n.node.node_id for n in wrapped.retrieve(QUESTION)] == ["varrow-lighthouse"]
-
-
-async def test_async_retrieval(tiny_engine, nodes):
-    retriever = KVRetriever.from_defaults(tiny_engine, nodes=nodes, similarity_top_k=1)
-    found = await retriever.aretrieve(QueryBundle(QUESTION))
-    assert found[0].node.metadata[STATE_KEY] == retriever.retrieve(QUESTION)[0].node.metadata[STATE_KEY]
 
 
 def test_llm_complete_and_stream_complete(tiny_engine):

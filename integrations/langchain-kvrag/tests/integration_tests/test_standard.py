@@ -47,7 +47,7 @@ class TestChatKVRAGUnit(ChatModelUnitTests):
 
 
 class TestChatKVRAGIntegration(ChatModelIntegrationTests):
-    """The tiny model for breadth; the real model runs the chain tests in test_langchain.py."""
+    """The tiny model for breadth; the real model runs the chain tests in test_chains.py."""
 
     @property
     def chat_model_class(self) -> type[ChatKVRAG]:
