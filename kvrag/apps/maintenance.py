@@ -12,11 +12,11 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ValidationError
 
 from kvrag.artifacts.format import decode_payload, parse_manifest
-from kvrag.errors import KVRagError, StateNotFoundError
-from kvrag.reuse.gate import GateResult
+from kvrag.errors import KVRagError, SignatureError, StateNotFoundError
+from kvrag.reuse.gate import MAX_MEAN_KL, MIN_AGREEMENT, GateResult
 from kvrag.stores import Checked, DiskStore, RedisStore, StateStore
 from kvrag.trust.records import SealedRecords
-from kvrag.trust.signing import resolve_signing_key
+from kvrag.trust.signing import check_manifest_bytes, resolve_signing_key
 
 __all__ = ["StateInfo", "GcReport", "list_states", "list_gates", "inspect_state", "collect_garbage"]
 
@@ -31,7 +31,8 @@ class StateInfo(BaseModel):
     parent_key: str | None = None
     payload_bytes: int | None = None
     created_at: str | None = None
-    signed: bool | None = None
+    #: the signature, checked on the stored bytes with your key: "valid", "unsigned" or "not your key"
+    signature: str | None = None
     error: str | None = None
 
 
@@ -43,7 +44,15 @@ class GcReport(BaseModel):
     other_model_states: list[str] = []
 
 
-def _info(tier: StateStore, key: str) -> StateInfo:
+def signature_verdict(raw: bytes, key: bytes) -> str:
+    """What a manifest's signature is, checked on its stored bytes with `key` (never just present)."""
+    try:
+        return "valid" if check_manifest_bytes(raw, key, allow_unsigned=True, where="kvrag ls") else "unsigned"
+    except SignatureError:
+        return "not your key"
+
+
+def _info(tier: StateStore, key: str, signing_key: bytes | None = None) -> StateInfo:
     try:
         raw = tier.read_manifest(key)
         if raw is None:
@@ -54,39 +63,46 @@ def _info(tier: StateStore, key: str) -> StateInfo:
     return StateInfo(
         key=key, tier=tier.url, model=m.model_fingerprint.name, model_fingerprint=m.model_fingerprint.digest,
         start=m.start, tokens=m.token_count, parent_key=m.parent_key, payload_bytes=m.payload_bytes,
-        created_at=m.deposit.created_at, signed=m.signature is not None,
+        created_at=m.deposit.created_at, signature=signature_verdict(raw, signing_key) if signing_key else None,
     )
 
 
-def list_states(store: StateStore) -> Iterator[StateInfo]:
+def list_states(store: StateStore, signing_key: bytes | str | None = None) -> Iterator[StateInfo]:
+    """Every state in every tier, its signature checked with `signing_key` (default: this user's)."""
+    key = resolve_signing_key(signing_key)
     for tier in store.tiers:
-        for key in tier.keys():
-            yield _info(tier, key)
+        for state in tier.keys():
+            yield _info(tier, state, key)
 
 
 def list_gates(store: StateStore, signing_key: bytes | str | None = None) -> list[GateResult]:
     """The blend gates' verdicts in `store` that are sealed with `signing_key` (default: this
-    user's key; see `kvrag.trust.signing`), oldest first; others are left out."""
+    user's key; see `kvrag.trust.signing`), oldest first; others are left out. `passed` is as an
+    engine with the default `BlendLimits` judges it (a verdict made under looser limits is refused)."""
     records = SealedRecords(store, resolve_signing_key(signing_key))  # type: ignore[arg-type]
     gates = []
     for name in records.names("gate"):
         body = records.get(name)
         try:
             if body:
-                gates.append(GateResult.model_validate_json(body))
+                gate = GateResult.model_validate_json(body)
+                within = gate.kl_mean <= MAX_MEAN_KL and gate.argmax_agreement >= MIN_AGREEMENT
+                gates.append(gate.model_copy(update={"passed": gate.passed and within}))
         except ValidationError:
             continue
     return sorted(gates, key=lambda g: g.at)
 
 
-def inspect_state(store: StateStore, key: str) -> dict[str, Any]:
-    """The manifest of `key` in each tier that has it, and whether its payload checks out there."""
+def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None = None) -> dict[str, Any]:
+    """The manifest of `key` in each tier that has it, its signature checked on the stored bytes
+    with `signing_key` (default: this user's), and whether its payload checks out there."""
     found: dict[str, Any] = {}
+    signer = resolve_signing_key(signing_key)
     for tier in store.tiers:
         raw = tier.read_manifest(key)
         if raw is None:
             continue
-        entry: dict[str, Any] = {}
+        entry: dict[str, Any] = {"signature": signature_verdict(raw, signer)}
         try:
             entry["manifest"] = parse_manifest(raw).model_dump(mode="json")
             # the payload with the manifest of its own write
@@ -95,7 +111,8 @@ def inspect_state(store: StateStore, key: str) -> dict[str, Any]:
                 entry["payload"] = "missing"
             else:
                 decode_payload(stored.payload, stored.checked.value)
-                entry["payload"] = "ok: SHA-256 and every tensor header match the manifest"
+                entry["payload"] = "ok: SHA-256 and every tensor header match the manifest" + (
+                    "" if entry["signature"] == "valid" else f" (but the signature is {entry['signature']})")
         except KVRagError as e:
             entry["payload"] = entry.get("payload") or f"{type(e).__name__}: {e}"
             entry.setdefault("error", f"{type(e).__name__}: {e}")

@@ -5,7 +5,8 @@ then three first-token logits are compared:
 
 - graft: the engine's answer path, the state restored from its stored bytes;
 - fresh: the same ids, from scratch, in the same segments ([prefix+doc] then [question]),
-  with plain transformers calls;
+  with plain transformers calls (the model's forward over a new `DynamicCache`, segment by
+  segment: no kvrag code, so the graft is never checked against its own path);
 - monolithic: the same ids in ONE stock transformers forward pass (`model(input_ids)`), as a
   user's own text RAG would run them.
 
@@ -15,8 +16,8 @@ kernel (`attn="invariant"`, `kvrag.kernels.attention`) aims to make it byte-exac
 or refutes per model (see the README: not yet for smollm2-135m).
 
 Chains are checked too: a chain is deposited the engine's way (each state computed after its
-ancestors' grafted states), then every state's K/V are recomputed from scratch, all segments
-in order, and the payload's SHA-256 must equal the stored one.
+ancestors' grafted states), then every state's K/V are recomputed from scratch with the same
+plain transformers calls, all segments in order, and the payload's SHA-256 must equal the stored one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Callable
 
 import torch
 from pydantic import BaseModel
+from transformers import DynamicCache
 
 from kvrag.artifacts.format import encode_payload, parse_manifest, sha256_hex
 from kvrag.codecs import extract
@@ -91,15 +93,28 @@ class _Tally:
         )
 
 
+def _stock_forward(model: LoadedModel, ids: list[int], cache: DynamicCache) -> torch.Tensor:
+    """One plain transformers forward of `ids` after what `cache` holds (no kvrag code): the last
+    position's logits."""
+    with torch.inference_mode():
+        out = model.hf_model(input_ids=torch.tensor([ids], device=model.device), past_key_values=cache,
+                             use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1]
+
+
+def _stock_cache(model: LoadedModel) -> DynamicCache:
+    return DynamicCache(config=model.hf_model.config)
+
+
 def _chain_check(engine: KVEngine, documents: list[str]) -> tuple[int, int]:
-    """(states, byte-exact states) of a chain deposited by the engine against a from-scratch run."""
+    """(states, byte-exact states) of a chain deposited by the engine against a from-scratch run
+    of plain transformers calls."""
     refs = engine.deposit_chain(documents)
-    runner = engine.runner
-    cache = runner.new_cache()
+    cache = _stock_cache(engine.model)
     exact = 0
     for segment in engine.plan(documents):
-        runner.forward(segment.ids, cache)
-        _, tensors = extract(runner.codecs, cache, segment.start, segment.end)
+        _stock_forward(engine.model, segment.ids, cache)
+        _, tensors = extract(engine.runner.codecs, cache, segment.start, segment.end)
         stored = parse_manifest(engine.store.read_manifest(segment.key) or b"")
         exact += sha256_hex(encode_payload(tensors)) == stored.payload_sha256
     return len(refs), exact
@@ -130,10 +145,9 @@ def verify_model(
         query = engine.layout.question_ids(question)
         lengths.append(len(segment) + len(query))
 
-        runner = engine.runner
-        cache = runner.new_cache()
-        runner.forward(segment, cache)
-        fresh = runner.forward(query, cache)
+        cache = _stock_cache(model)
+        _stock_forward(model, segment, cache)
+        fresh = _stock_forward(model, query, cache)
         monolithic = _one_stock_pass(model, segment + query)
         fallback = text_only.generate(question, states=[document], max_new_tokens=1)
 

@@ -77,8 +77,8 @@ def calibrate(
     ratio: float = typer.Option(0.15, min=0.01, max=1.0, help="share of a moved document's tokens recomputed"),
     samples: int = typer.Option(8, min=1, help="two-document prompts measured"),
     docs: Optional[str] = typer.Option(None, help='DOCS.jsonl, lines {"id", "text"} (default: the bundled sample set)'),
-    max_kl: float = typer.Option(0.1, help="the most mean first-token KL (nats) the gate lets through"),
-    min_agreement: float = typer.Option(0.8, help="the least first-token argmax agreement the gate lets through"),
+    max_kl: float = typer.Option(0.1, help="the most mean first-token KL (nats) the gate lets through (0.1 at most)"),
+    min_agreement: float = typer.Option(0.8, help="the least first-token argmax agreement the gate lets through (0.8 at least)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Measure blending against the exact path for this model and store the gate's verdict."""

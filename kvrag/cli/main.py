@@ -165,12 +165,12 @@ def ls_states(
         print(json.dumps([i.model_dump() for i in infos], indent=2))
         return
     table = Table(title=f"{len(infos)} states")
-    for column in ("key", "tier", "model", "start", "tokens", "size", "parent", "signed"):
+    for column in ("key", "tier", "model", "start", "tokens", "size", "parent", "signature"):
         table.add_column(column)
     for i in infos:
         size = f"{i.payload_bytes / 2**20:.1f} MiB" if i.payload_bytes is not None else ""
         table.add_row(i.key[:16], i.tier, i.model or f"[red]{i.error}[/]", str(i.start or 0), str(i.tokens or ""),
-                      size, (i.parent_key or "")[:12], "yes" if i.signed else "no")
+                      size, (i.parent_key or "")[:12], i.signature or "")
     out.print(table)
     if gates:
         gate_table = Table(title=f"{len(gates)} blend gates (signed with your key)")
@@ -211,7 +211,7 @@ def inspect(
             out.print(f"  model {fp['name']} ({fp['digest'][:16]}), {manifest['token_count']} tokens at "
                       f"{manifest['start']}, parent {manifest['parent_key'] or '-'}, "
                       f"{manifest['payload_bytes'] / 2**20:.1f} MiB, {len(manifest['layers'])} layers, "
-                      f"signed: {'yes' if manifest['signature'] else 'no'}")
+                      f"signature: {entry['signature']} (checked with your key)")
 
 
 @app.command(epilog="Example: kvrag gc --store redis://127.0.0.1:6379/0 --other-models --model smollm2-135m --dry-run")

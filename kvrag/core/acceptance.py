@@ -1,7 +1,7 @@
 """State acceptance: every check a stored state must pass before it may be grafted.
 
-In order, before any payload byte is read: the manifest parses, is for the key asked for, is
-signed with this engine's key (unsigned only where the reader opted in), was made by this model on
+In order, before any payload byte is read: the manifest's stored bytes are signed with this
+engine's key (unsigned only where the reader opted in), they parse, are for the key asked for, were made by this model on
 this hardware, its token ids are in the model's vocabulary, its key is the content address of its
 own tokens and parent, it sits at the position and after the chain it is needed at, it was
 verified at deposit, and each layer's entry fits its codec. Then the payload:
@@ -17,11 +17,11 @@ from typing import Any, Sequence
 from kvrag.artifacts.format import StateManifest, decode_payload, parse_manifest, state_key
 from kvrag.codecs import LayerCodec, StatePart
 from kvrag.core.schedule import Segment
-from kvrag.errors import ForeignStateError, IntegrityError
+from kvrag.errors import ForeignStateError, IntegrityError, SignatureError
 from kvrag.models.fingerprints import HardwareFingerprint
 from kvrag.stores import Checked, StateStore
 from kvrag.trust.identity import EngineIdentity
-from kvrag.trust.signing import check_signature
+from kvrag.trust.signing import check_manifest_bytes
 
 __all__ = ["Restored", "StateAcceptance"]
 
@@ -56,11 +56,16 @@ class StateAcceptance:
 
     def manifest(self, key: str, raw: bytes, expect: Segment | None, hardware: HardwareFingerprint, scope: str,
                  store: StateStore | None = None) -> StateManifest:
+        allow = self.allow_unsigned or bool(store is not None and store.allow_unsigned)
+        try:
+            signature = check_manifest_bytes(raw, self.signing_key, allow_unsigned=allow, where=store.url if store else "")
+        except SignatureError as e:
+            raise SignatureError(f"state {key[:12]}: {e}") from e
         manifest = parse_manifest(raw)
+        if manifest.signature != signature:  # the bytes checked and the manifest parsed must agree
+            raise IntegrityError(f"state {key[:12]}: its manifest parses to another signature than its bytes carry")
         if manifest.key != key:
             raise IntegrityError(f"state {key[:12]}: manifest is for another key ({manifest.key[:12]})")
-        allow = self.allow_unsigned or bool(store is not None and store.allow_unsigned)
-        check_signature(manifest, self.signing_key, allow_unsigned=allow, where=store.url if store else "")
         if not manifest.model_fingerprint.matches(self.model):
             raise ForeignStateError(
                 f"state {key[:12]} was made by another model ({manifest.model_fingerprint.name}, "

@@ -5,6 +5,7 @@ gate, the reuse levers, the library and the A/B harness depend on this, not on t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from typing_extensions import TypedDict, Unpack
@@ -19,7 +20,17 @@ from kvrag.stores.deadline import Deadline
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
 
-__all__ = ["Engine", "AskOptions", "ChatOptions"]
+__all__ = ["Engine", "AskOptions", "ChatOptions", "BlendLimits"]
+
+
+@dataclass(frozen=True)
+class BlendLimits:
+    """The most an engine lets an approximate blend deviate from the exact path: mean first-token
+    KL (nats) at most `max_mean_kl`, argmax agreement at least `min_agreement`. The engine's own
+    setting, applied to every stored gate verdict; a calibration cannot loosen it."""
+
+    max_mean_kl: float = 0.1
+    min_agreement: float = 0.8
 
 
 class ChatOptions(TypedDict, total=False):
@@ -62,6 +73,7 @@ class Engine(Protocol):
     planner: Planner
     records: SealedRecords
     deadline_s: float
+    blend_limits: BlendLimits
 
     def plan(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[Segment]:
         """The segments (ids, keys, positions) for documents read in order."""

@@ -30,7 +30,7 @@ from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.deposit import CANARY_QUESTION, Depositor
 from kvrag.core.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
-from kvrag.core.protocol import AskOptions, ChatOptions
+from kvrag.core.protocol import AskOptions, BlendLimits, ChatOptions
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import ModelRunner, logits_sha256
 from kvrag.core.sampling import Sampling
@@ -75,11 +75,13 @@ class KVEngine:
         allow_unsigned: bool = False,
         namespace: str | None = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
+        blend_limits: BlendLimits | None = None,
     ) -> None:
         """`signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key);
         `allow_unsigned`: also graft unsigned states (a warning is logged once); `namespace`: the
         tenant (default: the store URL's `?namespace=`); `deadline_s`: the most one question
-        waits on store reads before the text answers."""
+        waits on store reads before the text answers; `blend_limits`: the most an approximate blend
+        may deviate from the exact path (`BlendLimits`: mean KL 0.1, agreement 0.8 unless set)."""
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
         self.signing_key = resolve_signing_key(signing_key)
@@ -90,6 +92,7 @@ class KVEngine:
         if not 0 < deadline_s <= 3600:
             raise InputError("deadline_s must be more than 0 and at most 3600 seconds")
         self.deadline_s = deadline_s
+        self.blend_limits = blend_limits or BlendLimits()
         #: who this engine is, computed once: every key and check uses this value
         self.identity = EngineIdentity.of(model.fingerprint, model.device, self.signing_key, self.namespace)
         self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt)

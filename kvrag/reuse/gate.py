@@ -3,9 +3,10 @@
 `BlendGate.calibrate` runs a calibration set of two-document prompts (the second document's state
 deposited on its own, then moved and blended after the first) and the same prompts read exactly,
 and measures the first token's KL divergence and argmax agreement. The result is a sealed record
-bound to the model and hardware fingerprints and the blend setting; `allows` answers from it. A
-model that was never calibrated, or whose result exceeds the thresholds, does not blend: its
-answers stay exact, and the receipt says why.
+bound to the model and hardware fingerprints and the blend setting. A model that was never
+calibrated, or whose measured KL and agreement miss the engine's own limits (`BlendLimits`, applied
+to the stored figures whatever thresholds the verdict names), does not blend: its answers stay
+exact, and the receipt says why.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import torch
 from pydantic import BaseModel, Field, ValidationError
 
 from kvrag.core.continuation import Continuation
-from kvrag.core.protocol import Engine
+from kvrag.core.protocol import BlendLimits, Engine
 from kvrag.errors import InputError
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
 
 __all__ = ["GateResult", "BlendGate", "MAX_MEAN_KL", "MIN_AGREEMENT", "kl_divergence"]
 
-#: Default thresholds: mean first-token KL (nats) at most this, argmax agreement at least this.
-MAX_MEAN_KL = 0.1
-MIN_AGREEMENT = 0.8
+#: Default limits: mean first-token KL (nats) at most this, argmax agreement at least this.
+MAX_MEAN_KL = BlendLimits().max_mean_kl
+MIN_AGREEMENT = BlendLimits().min_agreement
 
 
 class GateResult(BaseModel):
@@ -56,17 +57,27 @@ class BlendGate:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def _name(self, ratio: float, rerotate: bool) -> str:
+    def slot(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True) -> str:
+        """The sealed record a verdict for this setting lives in."""
         setting = f"kvrag-blend-gate\x00{self.engine.identity.scope}\x00{ratio:.3f}\x00{int(rerotate)}"
         return "gate/" + hashlib.sha256(setting.encode()).hexdigest()
 
     def calibrate(self, documents: Sequence[str] | None = None, questions: Sequence[str] | None = None, *,
                   ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True, samples: int = 8,
-                  max_mean_kl: float = MAX_MEAN_KL, min_agreement: float = MIN_AGREEMENT) -> GateResult:
+                  max_mean_kl: float | None = None, min_agreement: float | None = None) -> GateResult:
         """Measure blends against the exact path on `samples` prompts built from `documents` (each
-        followed by a question about it; default: the bundled sample set) and store the verdict."""
+        followed by a question about it; default: the bundled sample set) and store the verdict.
+        `max_mean_kl` and `min_agreement` may tighten the engine's limits, never loosen them."""
         if not 0 < ratio <= 1 or samples < 1:
             raise InputError("the recompute ratio must be in (0, 1] and samples at least 1")
+        limits = self.engine.blend_limits
+        max_mean_kl = limits.max_mean_kl if max_mean_kl is None else max_mean_kl
+        min_agreement = limits.min_agreement if min_agreement is None else min_agreement
+        if max_mean_kl > limits.max_mean_kl or min_agreement < limits.min_agreement:
+            raise InputError(
+                f"a calibration cannot loosen this engine's blend limits (mean KL at most {limits.max_mean_kl:g}, "
+                f"argmax agreement at least {limits.min_agreement:.0%}); set KVEngine(blend_limits=...) to change them"
+            )
         if documents is None:
             from kvrag.data import sample_docs, sample_questions
 
@@ -95,12 +106,12 @@ class BlendGate:
             argmax_agreement=agreement, max_mean_kl=max_mean_kl, min_agreement=min_agreement,
             passed=kl_mean <= max_mean_kl and agreement >= min_agreement,
         )
-        engine.records.put(self._name(ratio, rerotate), result.model_dump_json().encode())
+        engine.records.put(self.slot(ratio, rerotate), result.model_dump_json().encode())
         return result
 
     def result(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True) -> GateResult | None:
         """The stored verdict for this engine's model, hardware and setting (None if never calibrated)."""
-        body = self.engine.records.get(self._name(ratio, rerotate))
+        body = self.engine.records.get(self.slot(ratio, rerotate))
         if body is None:
             return None
         try:
@@ -118,8 +129,11 @@ class BlendGate:
         if result is None:
             return (f"blending is not calibrated for {self.engine.model.name} at ratio {ratio:.2f}; "
                     "run `kvrag calibrate` (or engine.gate.calibrate()) first")
-        if not result.passed:
+        limits = self.engine.blend_limits
+        within = result.kl_mean <= limits.max_mean_kl and result.argmax_agreement >= limits.min_agreement
+        if not (result.passed and within):
             return (f"the blend gate refused {result.model} at ratio {result.ratio:.2f}: mean KL {result.kl_mean:.3g} "
-                    f"(at most {result.max_mean_kl:g}), argmax agreement {result.argmax_agreement:.0%} "
-                    f"(at least {result.min_agreement:.0%}) over {result.samples} prompts")
+                    f"(at most {min(result.max_mean_kl, limits.max_mean_kl):g}), argmax agreement "
+                    f"{result.argmax_agreement:.0%} (at least {max(result.min_agreement, limits.min_agreement):.0%}) "
+                    f"over {result.samples} prompts")
         return None

@@ -6,8 +6,9 @@ else `KVRAG_SIGNING_KEY`, else a random per-user key created once in kvrag's hom
 (owner-only permissions). Machines that share a store share a key by setting the same
 `KVRAG_SIGNING_KEY` (or copying the key file). An empty key is an error, never "no signing".
 
-- State manifests carry a `signature` over the whole manifest (which commits to the payload's
-  chunk digests, so the payload is covered too).
+- State manifests carry a `signature`: a MAC over the manifest's stored bytes with that field
+  `null` (the manifest commits to the payload's chunk digests, so the payload is covered too). It
+  is checked on the bytes read, before they are parsed, so no re-encoding is ever trusted.
 - Small records (memo entries, library entries, cache lines) are sealed: an envelope whose MAC
   covers the record's body and the name of the slot it was written to, so an entry copied into
   another slot fails like a rewritten one.
@@ -22,6 +23,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -29,8 +31,8 @@ from kvrag.artifacts.format import StateManifest
 from kvrag.errors import InputError, SignatureError
 from kvrag.paths import kvrag_home
 
-__all__ = ["KEY_ENV", "resolve_signing_key", "default_key_path", "sign_manifest", "check_signature", "mac", "seal",
-           "unseal", "warn_unsigned_once"]
+__all__ = ["KEY_ENV", "resolve_signing_key", "default_key_path", "sign_manifest", "sign_manifest_bytes",
+           "check_manifest_bytes", "mac", "seal", "unseal", "warn_unsigned_once"]
 
 log = logging.getLogger("kvrag.signing")
 
@@ -85,12 +87,29 @@ def mac(key: bytes, domain: bytes, *parts: bytes) -> str:
     return digest.hexdigest()
 
 
-def _manifest_mac(manifest: StateManifest, key: bytes) -> str:
-    return mac(key, b"kvrag-manifest", manifest.model_copy(update={"signature": None}).model_dump_json().encode())
+#: The manifest's signature field as it appears in stored bytes (any JSON whitespace around the colon).
+_SIGNATURE_FIELD = re.compile(rb'"signature"\s*:\s*("(?:[0-9a-f]{64})"|null)')
+
+
+def _manifest_mac(unsigned: bytes, key: bytes) -> str:
+    return mac(key, b"kvrag-manifest", unsigned)
 
 
 def sign_manifest(manifest: StateManifest, key: bytes) -> StateManifest:
-    return manifest.model_copy(update={"signature": _manifest_mac(manifest, key)})
+    """`manifest` with its signature: a MAC over the bytes it is stored as (`to_json_bytes`) with
+    the signature field `null`."""
+    unsigned = manifest.model_copy(update={"signature": None}).to_json_bytes()
+    return manifest.model_copy(update={"signature": _manifest_mac(unsigned, key)})
+
+
+def sign_manifest_bytes(raw: bytes, key: bytes) -> bytes:
+    """Manifest bytes in any encoding, signed: their one `"signature": null` field gets the MAC
+    over exactly these bytes. What a reader checks is the stored bytes, not a re-encoding."""
+    fields = list(_SIGNATURE_FIELD.finditer(raw))
+    if len(fields) != 1 or fields[0].group(1) != b"null":
+        raise InputError("manifest bytes to sign need exactly one signature field, set to null")
+    at = fields[0].span(1)
+    return raw[: at[0]] + b'"' + _manifest_mac(raw, key).encode() + b'"' + raw[at[1] :]
 
 
 def warn_unsigned_once(where: str) -> None:
@@ -100,21 +119,28 @@ def warn_unsigned_once(where: str) -> None:
                     "steer answers", where)
 
 
-def check_signature(manifest: StateManifest, key: bytes, *, allow_unsigned: bool = False, where: str = "") -> None:
-    """Raise `SignatureError` (and log it) unless the manifest is validly signed with `key`.
-
-    With `allow_unsigned`, an unsigned manifest passes (a warning is logged once per `where`); a
-    wrong signature never does."""
-    if manifest.signature is None:
+def check_manifest_bytes(raw: bytes, key: bytes, *, allow_unsigned: bool = False, where: str = "") -> str | None:
+    """Authenticate stored manifest bytes before they are parsed: their signature must be the MAC,
+    under `key`, of these very bytes with the signature `null`. Raise `SignatureError` (and log it)
+    otherwise; return the signature (None for an unsigned manifest, passed only with
+    `allow_unsigned`, a warning logged once per `where`)."""
+    raw = bytes(raw)
+    fields = list(_SIGNATURE_FIELD.finditer(raw))
+    if len(fields) != 1:
+        log.warning("refused a manifest from %s: %d signature fields", where or "a store", len(fields))
+        raise SignatureError(f"a stored manifest holds {len(fields)} signature fields; it is refused")
+    value, (start, end) = fields[0].group(1), fields[0].span(1)
+    if value == b"null":
         if allow_unsigned:
             warn_unsigned_once(where)
-            return
-        log.warning("refused unsigned state %s", manifest.key[:12])
-        raise SignatureError(f"state {manifest.key[:12]} is unsigned; it is refused (allow_unsigned=True reads "
-                             "unsigned states)")
-    if not hmac.compare_digest(manifest.signature, _manifest_mac(manifest, key)):
-        log.warning("refused state %s: its signature does not match", manifest.key[:12])
-        raise SignatureError(f"state {manifest.key[:12]} has a signature that does not match this key; it is refused")
+            return None
+        log.warning("refused an unsigned manifest from %s", where or "a store")
+        raise SignatureError("the state is unsigned; it is refused (allow_unsigned=True reads unsigned states)")
+    signature = value.strip(b'"').decode()
+    if not hmac.compare_digest(signature, _manifest_mac(raw[:start] + b"null" + raw[end:], key)):
+        log.warning("refused a manifest from %s: its signature does not match", where or "a store")
+        raise SignatureError("the state has a signature that does not match this key; it is refused")
+    return signature
 
 
 def seal(key: bytes, name: str, body: bytes) -> bytes:

@@ -38,6 +38,9 @@ def test_ab_arms_agree_and_only_verified_answers_are_memoized(tmp_path, smollm2)
     assert rows["a"].memoized and not rows["b"].memoized  # a wrong answer is never memoized
     assert rows["a2"].kv_mode == "memo" and rows["a2"].decode_tokens_kv <= 8 and rows["a2"].kv_answer == rows["a"].kv_answer
     assert rows["b2"].kv_mode != "memo"
+    # a memo row has no first-token logits of the question: not measured, never a made-up 0 / True
+    assert rows["a2"].kl_vs_text is None and rows["a2"].first_token_agrees is None
+    assert rows["a"].kl_vs_text == 0.0 and rows["a"].first_token_agrees is True
     assert summary.memo_hits == 1 and summary.prefill_tokens_kv < summary.prefill_tokens_text
     assert all(r.kv_mode in ("exact-graft", "memo") for r in summary.rows)  # warm: every chain stored first
     assert summary.mode_mix == {"exact-graft": 3, "memo": 1} and summary.policy == "warm"

@@ -45,8 +45,10 @@ class ABRow(BaseModel):
     deposit_before_ms: float = 0.0  # policy warm: the chain deposited right before the KV arm
     order_changed: bool = False  # a lever reordered the retrieved documents (both arms read that order)
     answer_changed_by_order: bool = False  # ...and text RAG in retrieval order answers differently
-    kl_vs_text: float = 0.0  # first-token KL(text arm || KV arm): zero unless the KV arm blended
-    first_token_agrees: bool = True
+    #: first-token KL(text arm || KV arm), measured (zero unless the KV arm blended); None: not
+    #: measured, a memo answer has no first-token logits of the question to compare
+    kl_vs_text: float | None = None
+    first_token_agrees: bool | None = None  # measured as kl_vs_text is
     answer_changed_by_blend: bool = False  # the KV arm blended and answers differently from the text arm
 
 

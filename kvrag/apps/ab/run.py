@@ -107,8 +107,9 @@ def run_ab(
     approximate = [r for r in rows if r.kv_mode == "approximate-graft"]
     return summary.model_copy(update={
         "blend_ratio": blend, "blend_gate": gate.model_dump() if gate else None, "approximate_rows": len(approximate),
-        "kl_mean_approximate": statistics.fmean(r.kl_vs_text for r in approximate) if approximate else 0.0,
-        "argmax_agreement_approximate": statistics.fmean(r.first_token_agrees for r in approximate) if approximate else 1.0,
+        "kl_mean_approximate": statistics.fmean(r.kl_vs_text or 0.0 for r in approximate) if approximate else 0.0,
+        "argmax_agreement_approximate": statistics.fmean(bool(r.first_token_agrees) for r in approximate)
+        if approximate else 1.0,
     })
 
 
@@ -157,8 +158,9 @@ def _row(engine: Engine, index: LexicalIndex, q: dict[str, Any], k: int, max_new
         memoized=memoized, tokens_reused_kv=kv.receipt.tokens_reused, deposit_after_ms=deposit_after_ms,
         deposit_before_ms=deposit_before_ms,
         order_changed=changed, answer_changed_by_order=changed and in_order.text != text.text,
-        kl_vs_text=kl_divergence(text.first_token_logits, kv.first_token_logits) if kv.receipt.mode != "memo" else 0.0,
-        first_token_agrees=kv.receipt.mode == "memo" or bool(text.first_token_logits.argmax() == kv.first_token_logits.argmax()),
+        kl_vs_text=None if kv.receipt.mode == "memo" else kl_divergence(text.first_token_logits, kv.first_token_logits),
+        first_token_agrees=None if kv.receipt.mode == "memo" else
+        bool(text.first_token_logits.argmax() == kv.first_token_logits.argmax()),
         answer_changed_by_blend=kv.receipt.mode == "approximate-graft" and kv.text != text.text,
     )
 
