@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -99,14 +100,9 @@ class Admission:
         self.concurrency, self.queue = concurrency, queue
         self._slots = asyncio.Semaphore(concurrency)
         self.waiting = self.running = 0
-        self.closing = False
         self._durations: deque[float] = deque(maxlen=32)
 
     async def acquire(self) -> None:
-        if self.closing:
-            metrics.REJECTED.labels("shutting-down").inc()
-            raise ApiError(503, "the server is shutting down; retry on another worker", type="server_error",
-                           code="shutting_down", headers={"Retry-After": "1"})
         if self._slots.locked() and self.waiting >= self.queue:
             metrics.REJECTED.labels("queue-full").inc()
             raise ApiError(429, f"all {self.concurrency} generation slots are busy and {self.queue} requests are "
@@ -253,30 +249,49 @@ def _sse(data: dict[str, Any] | str) -> bytes:
 # ---------------------------------------------------------------------------------------- app
 def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastAPI:
     """The ASGI app; the engine is built on startup unless one is given (tests, embedding)."""
-    state: dict[str, Worker] = {}
+    state: dict[str, Any] = {}
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if engine is None:
-            import torch
-
-            torch.set_num_threads(settings.torch_threads())
-        opened = engine or await asyncio.to_thread(
-            KVEngine.open, settings.model, settings.store_url(), dtype=settings.dtype, attn=settings.attn)
+    def serve(opened: KVEngine) -> None:
         state["worker"] = Worker(opened, settings)
         log.info("kvrag worker %d serving %s (%s) from %s", os.getpid(), settings.name, opened.fingerprint[:12],
                  opened.store.url)
+
+    async def load() -> None:
+        """The model loads while the port already answers: 503 `loading` (with Retry-After) until then."""
+        import torch
+
+        torch.set_num_threads(settings.torch_threads())
+        try:
+            serve(await asyncio.to_thread(KVEngine.open, settings.model, settings.store_url(), dtype=settings.dtype,
+                                          attn=settings.attn))
+        except Exception as e:  # the worker cannot serve: say so, and stop (as a failed start always did)
+            state["failed"] = e
+            log.error("kvrag worker %d could not load %s: %s; stopping", os.getpid(), settings.model, e)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loading = None
+        if engine is None:
+            loading = asyncio.create_task(load())
+        else:
+            serve(engine)
         yield
-        state["worker"].admission.closing = True
-        state["worker"].threads.shutdown(wait=True)
+        if loading is not None and not loading.done():
+            loading.cancel()
+        if "worker" in state:
+            state["worker"].threads.shutdown(wait=True)
 
     app = FastAPI(title="kvrag", summary="OpenAI-compatible answers from verified, grafted KV states",
                   lifespan=lifespan)
 
     def worker() -> Worker:
+        if "failed" in state:
+            raise ApiError(503, f"this worker could not load its model: {state['failed']}", type="server_error",
+                           code="model_unavailable")
         if "worker" not in state:
-            raise ApiError(503, "the model is still loading", type="server_error", code="loading",
-                           headers={"Retry-After": "2"})
+            raise ApiError(503, "the model is still loading; retry after the time in Retry-After", type="server_error",
+                           code="loading", headers={"Retry-After": "2"})
         return state["worker"]
 
     @app.middleware("http")
@@ -296,6 +311,9 @@ def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastA
         first = e.errors()[0] if e.errors() else {}
         where = [str(p) for p in first.get("loc", ()) if p != "body"]
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        if first.get("type") == "extra_forbidden" and where:
+            message = (f"unknown field `{where[-1]}`: kvrag serve refuses fields it does not implement rather than "
+                       "ignore them")
         return JSONResponse(api.error_body(f"{message} ({'.'.join(where) or 'body'})", param=".".join(where) or None),
                             status_code=400)
 

@@ -1,8 +1,11 @@
 """The OpenAI wire format, as `kvrag serve` speaks it: requests in, responses and errors out.
 
-Requests are validated here (pydantic), so the server only ever sees well-formed input; what
-kvrag cannot honour (several choices, log-probabilities, tools, penalties) is refused with a 400
-that names the field, rather than silently ignored. Two things are kvrag's own:
+Requests are validated here (pydantic), so the server only ever sees well-formed input. A field
+kvrag does not know, in the request or inside a message, is refused with a 400 that names it; so
+is a known field kvrag cannot honour (several choices, log-probabilities, tools, penalties) set to
+anything but the value that asks for nothing. Accepted and ignored on purpose, because they change
+nothing kvrag computes: `IGNORED_FIELDS` (request) and `IGNORED_MESSAGE_FIELDS` (message). Two
+things are kvrag's own:
 
 - the `kvrag` request field (the OpenAI client's `extra_body={"kvrag": {...}}`): documents to
   read before the conversation, each as text or `{"text", "state_key"}` (what kvrag's retrievers
@@ -26,19 +29,28 @@ from kvrag.core.decoding import Generation
 from kvrag.core.receipt import Receipt
 
 __all__ = ["Document", "KVRagOptions", "ChatRequest", "CompletionRequest", "ApiError", "error_body",
-           "chat_response", "chat_chunk", "completion_response", "completion_chunk", "usage_of", "RECEIPT_FIELD"]
+           "chat_response", "chat_chunk", "completion_response", "completion_chunk", "usage_of", "RECEIPT_FIELD",
+           "IGNORED_FIELDS", "IGNORED_MESSAGE_FIELDS", "UNSUPPORTED_FIELDS"]
 
 #: The response field that carries the receipt.
 RECEIPT_FIELD = "kvrag_receipt"
 _MAX_STOPS = 4  # as OpenAI
 _ROLES = {"developer": "system", "function": "tool"}
 #: OpenAI request fields kvrag does not implement, with the values that ask for nothing
-_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"), "parallel_tool_calls": (None,),
     "response_format": (None, {"type": "text"}), "logit_bias": (None, {}), "echo": (None, False),
     "best_of": (None, 1), "suffix": (None, ""), "top_logprobs": (None, 0), "audio": (None,),
-    "modalities": (None, ["text"]), "prediction": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,), "reasoning_effort": (None,),
+    "web_search_options": (None,),
 }
+#: Request fields accepted and ignored on purpose: they label or route a request, nothing more.
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier")
+#: Message fields accepted and ignored on purpose (`name` labels a participant; the prompt is the content).
+IGNORED_MESSAGE_FIELDS = ("name",)
+#: Message fields an assistant turn may echo back, accepted only empty.
+_EMPTY_MESSAGE_FIELDS = ("tool_calls", "function_call", "refusal", "audio")
 
 
 class ApiError(Exception):
@@ -91,10 +103,17 @@ class KVRagOptions(BaseModel):
         return value
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+    include_obfuscation: bool | None = None  # ignored: kvrag's chunks carry no obfuscation padding
+
+
 class _Sampling(BaseModel):
     """What chat and completion requests share."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1, le=1 << 16)
@@ -105,13 +124,34 @@ class _Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=1 << 63)
     stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     n: int = 1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: bool | int | None = None
-    user: str | None = None
     kvrag: KVRagOptions = Field(default_factory=KVRagOptions)
+    # ignored on purpose (IGNORED_FIELDS)
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    # not implemented: accepted only at the values that ask for nothing (UNSUPPORTED_FIELDS)
+    tools: Any = None
+    functions: Any = None
+    tool_choice: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    logit_bias: Any = None
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
+    top_logprobs: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
 
     @model_validator(mode="after")
     def _supported(self) -> "_Sampling":
@@ -121,8 +161,8 @@ class _Sampling(BaseModel):
             "frequency_penalty": self.frequency_penalty != 0,
             "logprobs": bool(self.logprobs),
         }
-        for extra, defaults in _UNSUPPORTED.items():
-            refuse[extra] = (self.model_extra or {}).get(extra) not in defaults
+        for name, defaults in UNSUPPORTED_FIELDS.items():
+            refuse[name] = getattr(self, name) not in defaults
         for name, refused in refuse.items():
             if refused:
                 raise ValueError(f"`{name}` is not supported by kvrag serve; leave it at its default")
@@ -136,31 +176,51 @@ class _Sampling(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     def limit(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
 
 
 class ChatMessage(BaseModel):
-    """A chat message; text parts of a content list are joined (images and audio are refused)."""
+    """A chat message; text parts of a content list are joined."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     role: str
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None  # ignored on purpose (IGNORED_MESSAGE_FIELDS)
+    tool_call_id: str | None = None  # a tool message's id: the content is what the model reads
+    tool_calls: Any = None
+    function_call: Any = None
+    refusal: Any = None
+    audio: Any = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, value: Any) -> Any:
+        for part in value if isinstance(value, list) else ():
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError("only text content parts are supported")
+            unknown = sorted(set(part) - {"type", "text"})
+            if unknown:
+                raise ValueError(f"unknown field `{unknown[0]}` in a content part: kvrag serve refuses fields it "
+                                 "does not implement rather than ignore them")
+        return value
+
+    @model_validator(mode="after")
+    def _empty(self) -> "ChatMessage":
+        for name in _EMPTY_MESSAGE_FIELDS:
+            if getattr(self, name) not in (None, [], ""):
+                raise ValueError(f"`{name}` in a message is not supported by kvrag serve")
+        return self
 
     def as_kvrag(self) -> dict[str, str]:
         role = _ROLES.get(self.role, self.role)
         if role not in ("system", "user", "assistant", "tool"):
             raise ValueError(f"unknown role {self.role!r}; use system, developer, user, assistant or tool")
         if isinstance(self.content, list):
-            texts = []
-            for part in self.content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ValueError("only text content parts are supported")
-                texts.append(part["text"])
-            return {"role": role, "content": "\n".join(texts)}
+            return {"role": role, "content": "\n".join(part["text"] for part in self.content)}
         return {"role": role, "content": self.content or ""}
 
 

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from kvrag import KVEngine, MemoryStore
+from kvrag import KVEngine, MemoryStore, StoreError
 from kvrag.server.app import ServeSettings, create_app, question_of
 from kvrag.server.openai_api import ChatRequest, CompletionRequest
 from kvrag.stores import open_store
@@ -28,6 +28,33 @@ def test_what_kvrag_cannot_honour_is_refused_by_name(field, value):
     with pytest.raises(ValidationError) as e:
         chat(**{field: value})
     assert field in str(e.value)
+
+
+@pytest.mark.parametrize("body, named", [
+    ({"max_token": 3}, "max_token"),  # a typo of max_tokens
+    ({"parallel_tool_calls": True}, "parallel_tool_calls"),
+    ({"stream_options": {"include_usage": True, "chunk_size": 2}}, "chunk_size"),
+    ({"messages": [{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}]}, "cache_control"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "detail": "low"}]}]}, "detail"),
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]}, "tool_calls"),
+])
+def test_unknown_or_unhonoured_fields_anywhere_get_a_400_that_names_them(body, named):
+    engine = KVEngine(tiny("llama"), MemoryStore())
+    with TestClient(create_app(ServeSettings(model=MODEL), engine)) as http:
+        request = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": QUESTION}], **body}
+        response = http.post("/v1/chat/completions", json=request)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert named in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_the_fields_ignored_on_purpose_are_accepted():
+    from kvrag.server.openai_api import IGNORED_FIELDS, IGNORED_MESSAGE_FIELDS
+
+    assert set(IGNORED_FIELDS) == {"user", "metadata", "store", "service_tier"} and IGNORED_MESSAGE_FIELDS == ("name",)
+    request = chat(user="u1", metadata={"run": "7"}, store=False, service_tier="auto",
+                   messages=[{"role": "user", "content": "hi", "name": "ana"}])
+    assert request.conversation() == [{"role": "user", "content": "hi"}]
 
 
 def test_defaults_ask_for_nothing_unsupported_and_documents_take_two_shapes():
@@ -72,5 +99,29 @@ def test_the_hot_tier_is_an_lru_under_its_byte_cap():
     assert sorted(store.keys()) == [keys[0], keys[2]] and store.bytes_held <= store.max_bytes
     store.put(keys[3], b"m", b"p" * 5000)  # larger than the cap: not kept, nothing evicted for it
     assert keys[3] not in store and sorted(store.keys()) == [keys[0], keys[2]]
-    with pytest.raises(Exception):
+    with pytest.raises(StoreError, match="max_mib"):
         open_store("memory://?max_mib=lots")
+
+
+def test_the_port_answers_503_loading_while_the_model_loads(monkeypatch):
+    import threading
+
+    loaded = threading.Event()
+    real_open = KVEngine.open
+
+    def slow_open(*args, **kwargs):
+        loaded.wait(30)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(KVEngine, "open", slow_open)
+    with TestClient(create_app(ServeSettings(model=MODEL, store="memory://"))) as http:
+        for path in ("/health", "/v1/models"):
+            early = http.get(path)
+            assert early.status_code == 503 and early.json()["error"]["code"] == "loading"
+            assert early.headers["Retry-After"] == "2"
+        loaded.set()
+        for _ in range(300):
+            if http.get("/health").status_code == 200:
+                break
+            threading.Event().wait(0.1)
+        assert http.get("/health").json()["status"] == "ok"
