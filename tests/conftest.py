@@ -33,11 +33,10 @@ def resigned(engine: KVEngine, manifest: bytes | dict) -> bytes:
     holding the key could write, so a test reaches the checks behind the signature."""
     import json
 
-    from kvrag.artifacts.format import parse_manifest
-    from kvrag.trust.signing import sign_manifest
+    from kvrag.trust.signing import sign_manifest_bytes
 
-    raw = json.dumps(manifest).encode() if isinstance(manifest, dict) else manifest
-    return sign_manifest(parse_manifest(raw), engine.signing_key).to_json_bytes()
+    fields = dict(json.loads(manifest) if isinstance(manifest, bytes) else manifest, signature=None)
+    return sign_manifest_bytes(json.dumps(fields).encode(), engine.signing_key)
 
 
 def load_example(name: str):

@@ -24,8 +24,9 @@ from kvrag.stores.deadline import Breaker, Deadline, bounded
 __all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Checked", "ManifestCheck", "PayloadLayout", "Found", "check_key", "check_blob_name",
            "UNTRUSTED_PARSE_ERRORS", "shorten"]
 
-_KEY = re.compile(r"^[0-9a-f]{64}$")
-_BLOB = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[0-9a-f]{64}$")
+_KEY = re.compile(r"[0-9a-f]{64}")
+#: a namespace never starts with a dot (no `.`, `..` or hidden names: a blob never leaves its folder)
+_BLOB = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}/[0-9a-f]{64}")
 
 T = TypeVar("T")
 
@@ -45,13 +46,14 @@ def shorten(text: object, limit: int = 24) -> str:
 
 def check_blob_name(name: str) -> str:
     """Blob names are `namespace/<64 hex>`: safe as file names and Redis keys alike."""
-    if not isinstance(name, str) or not _BLOB.match(name):
-        raise StoreError(f"invalid blob name {shorten(name)}: expected namespace/<64 hex characters>")
+    if not isinstance(name, str) or not _BLOB.fullmatch(name):
+        raise StoreError(f"invalid blob name {shorten(name)}: expected namespace/<64 hex characters>, the "
+                         "namespace of letters, digits and _ . - not starting with a dot")
     return name
 
 
 def check_key(key: str) -> str:
-    if not isinstance(key, str) or not _KEY.match(key):
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise StoreError(f"invalid state key {shorten(key)}: expected 64 lowercase hex characters")
     return key
 

@@ -12,7 +12,9 @@ short read (an integrity miss), never the SIGBUS a memory mapping would raise.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -33,6 +35,9 @@ SUFFIX = ".kvstate"
 _ALIGN = 4096
 _MAX_MANIFEST = 64 << 20
 _MAX_BLOB = 64 << 20
+_KEY_NAME = re.compile(r"[0-9a-f]{64}")
+
+log = logging.getLogger("kvrag.stores")
 
 
 class DiskStore(StateStore, BlobStore):
@@ -150,13 +155,29 @@ class DiskStore(StateStore, BlobStore):
             raise StoreError(f"cannot write {key[:12]} to {self.url}: {e}") from e
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as e:  # a directory planted under a state's name, say: never removed as a state
+            raise StoreError(f"cannot delete {key[:12]} from {self.url}: {e}") from e
 
     def keys(self) -> Iterator[str]:
+        """The keys of the regular state files; anything else under a state's name is skipped,
+        with one line in the log."""
         base = self.root / "states"
         if not base.is_dir():
             return iter(())
-        return (p.name.removesuffix(SUFFIX) for p in sorted(base.glob(f"??/*{SUFFIX}")))
+        return (p.name.removesuffix(SUFFIX) for p in sorted(base.glob(f"??/*{SUFFIX}")) if self._is_state_file(p))
+
+    def _is_state_file(self, path: Path) -> bool:
+        try:
+            regular = stat.S_ISREG(path.lstat().st_mode)
+        except OSError:
+            return False
+        key = path.name.removesuffix(SUFFIX)
+        if regular and _KEY_NAME.fullmatch(key) and key[:2] == path.parent.name:
+            return True
+        log.warning("skipped %s in %s: not a state file", path.name[:80], self.url)
+        return False
 
     def _blob_path(self, name: str) -> Path:
         namespace, digest = check_blob_name(name).split("/")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -41,10 +42,22 @@ def test_bad_store_urls(url):
 
 
 def test_a_directory_named_like_a_state(tmp_path):
-    (tmp_path / "states" / KEY[:2] / f"{KEY}.kvstate").mkdir(parents=True)
-    for args in (["ls", "--json"], ["inspect", KEY]):
-        result, _ = _run(*args, "--store", f"disk://{tmp_path}")
-        assert "Traceback" not in result.stderr and result.returncode in (0, 2), result.stderr
+    """Skipped with one clear line by ls and gc (never deleted as a state, never a traceback);
+    refused with one line by inspect."""
+    planted = tmp_path / "states" / KEY[:2] / f"{KEY}.kvstate"
+    planted.mkdir(parents=True)
+    store = f"disk://{tmp_path}"
+    for args in (["ls", "--json"], ["gc", "--store", store, "--model", "tiny-random-llama"]):
+        result, _ = _run(*args, *(["--store", store] if args[0] == "ls" else []))
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr + result.stdout
+        skipped = [line for line in result.stderr.splitlines() if "not a state file" in line]
+        assert len(skipped) == 1 and KEY[:12] in skipped[0], result.stderr
+    assert planted.is_dir()
+    assert json.loads(_run("ls", "--json", "--store", store)[0].stdout) == []
+    inspected, _ = _run("inspect", KEY, "--store", store)
+    _one_line_error(inspected)
+    assert "not a regular file" in inspected.stderr
 
 
 def test_a_long_bad_key_is_shortened():

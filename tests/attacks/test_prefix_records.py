@@ -37,7 +37,9 @@ def test_unsealed_or_garbage_prefix_records_are_ignored(server):
         raw.set(f"kvrag:blob:{name}", bodies[i % len(bodies)])  # written without the signing key
     answer, took = timed(lambda: victim.chat(ASKED, max_new_tokens=1))
     assert answer.receipt.first_token_logits_sha256 == _text(victim)
-    assert answer.receipt.tokens_reused == 0 or all(u.key != decoy.key for u in answer.receipt.states)
+    # nothing of this prompt is stored and every record is unsealed: nothing grafts, the decoy least of all
+    assert answer.receipt.tokens_reused == 0 and answer.receipt.mode == "text-prefill"
+    assert all(u.key != decoy.key for u in answer.receipt.states)
     assert took < DEADLINE_S + MODEL_MARGIN_S
 
 
