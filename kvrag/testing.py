@@ -164,6 +164,8 @@ class KVRagServer:
     log: Path | None = None
     port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
+    #: a key the server was started with (in `args`), sent with the health checks
+    api_key: str | None = None
     process: subprocess.Popen | None = None
 
     @property
@@ -190,8 +192,10 @@ class KVRagServer:
         return self
 
     def healthy(self) -> bool:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            with urllib.request.urlopen(self.base + "/health", timeout=2) as response:
+            with urllib.request.urlopen(urllib.request.Request(self.base + "/health", headers=headers),
+                                        timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError):
             return False

@@ -17,6 +17,7 @@ from kvrag.reuse.gate import MAX_MEAN_KL, MIN_AGREEMENT, GateResult
 from kvrag.stores import Checked, DiskStore, RedisStore, StateStore
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import check_manifest_bytes, resolve_signing_key
+from kvrag.trust.tenants import effective_key
 
 __all__ = ["StateInfo", "GcReport", "list_states", "list_gates", "inspect_state", "collect_garbage"]
 
@@ -69,7 +70,7 @@ def _info(tier: StateStore, key: str, signing_key: bytes | None = None) -> State
 
 def list_states(store: StateStore, signing_key: bytes | str | None = None) -> Iterator[StateInfo]:
     """Every state in every tier, its signature checked with `signing_key` (default: this user's)."""
-    key = resolve_signing_key(signing_key)
+    key, _ = effective_key(resolve_signing_key(signing_key), store.namespace)
     for tier in store.tiers:
         for state in tier.keys():
             yield _info(tier, state, key)
@@ -79,7 +80,7 @@ def list_gates(store: StateStore, signing_key: bytes | str | None = None) -> lis
     """The blend gates' verdicts in `store` that are sealed with `signing_key` (default: this
     user's key; see `kvrag.trust.signing`), oldest first; others are left out. `passed` is as an
     engine with the default `BlendLimits` judges it (a verdict made under looser limits is refused)."""
-    records = SealedRecords(store, resolve_signing_key(signing_key))  # type: ignore[arg-type]
+    records = SealedRecords(store, effective_key(resolve_signing_key(signing_key), store.namespace)[0])  # type: ignore[arg-type]
     gates = []
     for name in records.names("gate"):
         body = records.get(name)
@@ -97,7 +98,7 @@ def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None =
     """The manifest of `key` in each tier that has it, its signature checked on the stored bytes
     with `signing_key` (default: this user's), and whether its payload checks out there."""
     found: dict[str, Any] = {}
-    signer = resolve_signing_key(signing_key)
+    signer, _ = effective_key(resolve_signing_key(signing_key), store.namespace)
     for tier in store.tiers:
         raw = tier.read_manifest(key)
         if raw is None:

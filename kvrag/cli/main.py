@@ -147,6 +147,22 @@ def ask(
                   f"TTFT {r.timings.ttft_ms:.0f} ms, logits {r.first_token_logits_sha256[:16]}[/]")
 
 
+@app.command("tenant-key", epilog="Example: KVRAG_SIGNING_KEY=... kvrag tenant-key acme > acme.key   (hand acme.key to acme)")
+def tenant_key(
+    tenant: str = typer.Argument(..., help="the tenant's name: its namespace in every store"),
+) -> None:
+    """Print a tenant's key, derived from the operator's ($KVRAG_SIGNING_KEY, else your key file).
+
+    The tenant signs, seals and addresses with it (KVRAG_SIGNING_KEY=<it>); holding it reveals
+    nothing of any other tenant's states, memo or records."""
+    from kvrag.trust import derive_tenant_key, resolve_signing_key
+
+    try:
+        print(derive_tenant_key(resolve_signing_key(None), tenant).decode())
+    except KVRagError as e:
+        fail(e)
+
+
 @app.command("ls", epilog="Example: kvrag ls --store redis://127.0.0.1:6379/0,disk://./states --json")
 def ls_states(
     store: Optional[str] = STORE,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Optional
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
-from kvrag.cli.common import ATTN, DTYPE, MODEL, fail
+from kvrag.cli.common import ATTN, DTYPE, MODEL, err, fail
 
 EXAMPLE = """Examples:
 
@@ -16,7 +17,31 @@ EXAMPLE = """Examples:
 
   kvrag serve --store redis+cluster://10.0.0.5:7000,10.0.0.6:7000 --hot-mib 1024 --concurrency 2
 
-then, from any OpenAI client: OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")"""
+  kvrag serve --host 0.0.0.0 --api-key-file keys.txt     (lines "KEY TENANT": one tenant per key)
+
+then, from any OpenAI client: OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
+(with --api-key: api_key=<that key>)"""
+
+#: Keys for the server's own namespace, comma-separated (as vLLM's VLLM_API_KEY).
+API_KEY_ENV = "KVRAG_API_KEY"
+
+
+def read_api_keys(keys: list[str], key_file: str | None) -> list[dict[str, str]]:
+    """`--api-key` values, `$KVRAG_API_KEY`, and a key file's lines (`KEY` or `KEY TENANT`; `#` comments)."""
+    entries = [{"key": k} for k in keys]
+    entries += [{"key": k.strip()} for k in os.environ.get(API_KEY_ENV, "").split(",") if k.strip()]
+    if key_file:
+        try:
+            lines = Path(key_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"cannot read the key file {key_file}: {e}") from e
+        for number, line in enumerate(lines, 1):
+            fields = line.split("#", 1)[0].split()
+            if len(fields) > 2:
+                raise typer.BadParameter(f"{key_file}:{number}: expected `KEY` or `KEY TENANT`")
+            if fields:
+                entries.append({"key": fields[0], "tenant": fields[1] if len(fields) == 2 else ""})
+    return entries
 
 
 def register(app: typer.Typer) -> None:
@@ -40,22 +65,40 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(0, "--threads", min=0, help="torch threads per worker (0: cores / (workers x concurrency))"),
         grace: float = typer.Option(30, "--grace", min=0, help="seconds to finish requests in flight on shutdown"),
         log_level: str = typer.Option("info", "--log-level", help="uvicorn's: critical, error, warning, info, debug"),
+        api_key: List[str] = typer.Option([], "--api-key", help="a key clients must send as `Authorization: Bearer` "
+                                          f"(repeatable; also ${API_KEY_ENV}, comma-separated)"),
+        api_key_file: Optional[str] = typer.Option(None, "--api-key-file",
+                                                   help="lines `KEY TENANT` (or `KEY`): each tenant's states apart"),
+        open_health: bool = typer.Option(False, "--open-health", help="/health and /metrics answer without a key"),
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API; workers share states through the store."""
         import uvicorn
 
         from kvrag.server.app import SETTINGS_ENV, ServeSettings
+        from kvrag.trust.tenants import check_namespace
 
         try:
             settings = ServeSettings(model=model, store=store, dtype=dtype, attn=attn, hot_mib=hot_mib,
                                      concurrency=concurrency, queue=queue, max_tokens=max_tokens,
-                                     served_name=served_name, threads=threads, workers=workers)
+                                     served_name=served_name, threads=threads, workers=workers,
+                                     api_keys=read_api_keys(api_key, api_key_file), open_health=open_health)
+            for entry in settings.api_keys:
+                check_namespace(entry.tenant)
             if store:
                 from kvrag.stores import open_store
 
                 open_store(settings.store_url()).close()  # a bad URL fails here, once, not in every worker
         except Exception as e:  # noqa: BLE001 - a pydantic or store error, said in one line
             fail(e)
+        if settings.api_keys:
+            tenants = sorted({k.tenant or "(the server's own)" for k in settings.api_keys})
+            err.print(f"kvrag serve: {len(settings.api_keys)} API keys for {len(tenants)} tenants: {', '.join(tenants)}")
+        elif host in ("127.0.0.1", "localhost", "::1"):
+            err.print(f"kvrag serve: no --api-key, so listening on {host} only (loopback): anyone on this machine "
+                      "can read and write the store through it")
+        else:
+            err.print(f"kvrag serve: WARNING: no --api-key and listening on {host}: anyone who can reach port {port} "
+                      "can read and write the store through this server; start it with --api-key")
         os.environ[SETTINGS_ENV] = settings.model_dump_json()
         if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kvrag-metrics-")

@@ -6,7 +6,6 @@ from __future__ import annotations
 from kvrag.core.acceptance import Restored, StateAcceptance
 from kvrag.core.prefill import Graftable
 from kvrag.core.schedule import Segment
-from kvrag.errors import StoreError
 from kvrag.stores import Found, StateStore
 from kvrag.stores.deadline import Deadline
 
@@ -28,20 +27,18 @@ class Restorer:
         found = self.fetch(segment.key, segment, deadline)
         return Graftable(found.value.part, found.tier, found.notes)
 
-    def chain(self, key: str | None) -> list[Restored]:
-        """The chain ending at `key`, root first, each state checked as for a graft."""
+    def chain(self, key: str | None, deadline: Deadline | None = None) -> list[Restored]:
+        """The chain ending at `key`, root first, each state checked as for a graft, all read within `deadline`."""
         chain: list[Restored] = []
         while key is not None:
-            restored = self.fetch(key).value
+            restored = self.fetch(key, None, deadline).value
             chain.append(restored)
             key = restored.manifest.parent_key
         chain.reverse()
         return chain
 
-    def has(self, key: str) -> bool:
-        """Whether some tier holds `key` whole, manifest and every part of its payload (cheap:
-        nothing is hashed; a tier that fails to answer counts as not holding it)."""
-        try:
-            return self.store.complete(key)  # a tiered store asks each tier
-        except StoreError:
-            return False
+    def has(self, key: str, deadline: Deadline | None = None) -> bool:
+        """Whether some tier holds `key` whole, manifest and every part of its payload, answered
+        within `deadline` (cheap: nothing is hashed; a tier that fails to answer in time counts as
+        not holding it)."""
+        return self.store.holds(key, deadline)

@@ -50,7 +50,9 @@ class StateRef(BaseModel):
     token_count: int
     text: str
     model_fingerprint: str
-    scope: str = ""  # the key scope it was deposited in (an HMAC: it does not reveal the signing key)
+    #: the public id of the key scope it was deposited in (a hash of the scope: it reveals neither
+    #: the signing key nor any address)
+    scope: str = ""
 
     @property
     def end(self) -> int:
@@ -112,7 +114,7 @@ class Planner:
     def ref(self, segment: Segment) -> StateRef:
         return StateRef(key=segment.key, parent_key=segment.parent_key, start=segment.start,
                         token_count=len(segment.ids), text=segment.text, model_fingerprint=self.fingerprint,
-                        scope=self.identity.scope)
+                        scope=self.identity.scope_id)
 
     def check_length(self, positions: int) -> None:
         if positions > self.max_positions:
@@ -128,7 +130,7 @@ class Planner:
                 f"{after.model_fingerprint[:12]}, this engine's is {self.fingerprint[:12]}); "
                 "deposit the chain again with this model"
             )
-        if after is not None and after.scope and after.scope != self.identity.scope:
+        if after is not None and after.scope and after.scope != self.identity.scope_id:
             raise ForeignStateError(
                 f"state {after.key[:12]} was deposited in another scope (another signing key, namespace or "
                 "hardware); deposit the chain again with this engine"

@@ -53,7 +53,7 @@ class Continuer:
         deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
         covered = 0
         if c.any_boundary and c.graft and not c.memo and self.prefixes is not None and c.context:
-            own = self._own_stored_run(c.context)
+            own = self._own_stored_run(c.context, deadline)
             if own < c.context[-1].end:  # the context's own states do not cover it: look further
                 covered, uses = self._stored_prefix(run, c, deadline, better_than=own)
         for index, segment in enumerate(c.context):
@@ -67,7 +67,7 @@ class Continuer:
             req = c.requested[index] if c.requested else None
             # A ref made in another scope (signing key, namespace, hardware) is `foreign`; one of this
             # scope with another key was deposited at another position or after another chain: `moved`.
-            other_scope = isinstance(req, StateRef) and bool(req.scope) and req.scope != self.identity.scope
+            other_scope = isinstance(req, StateRef) and bool(req.scope) and req.scope != self.identity.scope_id
             moved = isinstance(req, StateRef) and req.key != segment.key and not other_scope
             span: dict[str, Any] = {"key": segment.key, "start": segment.start, "end": segment.end,
                                     "requested_key": req.key if isinstance(req, StateRef) and req.key != segment.key else None}
@@ -117,11 +117,11 @@ class Continuer:
             uses.append(StateUse(**span, source="text", reason=reason, detail=detail))  # type: ignore[arg-type]
         return uses
 
-    def _own_stored_run(self, context: Sequence[Segment]) -> int:
+    def _own_stored_run(self, context: Sequence[Segment], deadline: Deadline) -> int:
         """Where the run of the context's own stored states from the start ends (cheap: no hashing)."""
         end = 0
         for segment in context:
-            if not self.restorer.has(segment.key):
+            if not self.restorer.has(segment.key, deadline):
                 break
             end = segment.end
         return end

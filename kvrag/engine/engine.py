@@ -19,7 +19,6 @@ The model is only ever called through `kvrag.core.runner.ModelRunner`.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any, Iterator, Sequence
 
 from typing_extensions import Unpack
@@ -49,6 +48,7 @@ from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import resolve_signing_key
+from kvrag.trust.tenants import effective_key
 
 log = logging.getLogger("kvrag")
 
@@ -77,18 +77,19 @@ class KVEngine:
         deadline_s: float = DEFAULT_DEADLINE_S,
         blend_limits: BlendLimits | None = None,
     ) -> None:
-        """`signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key);
-        `allow_unsigned`: also graft unsigned states (a warning is logged once); `namespace`: the
-        tenant (default: the store URL's `?namespace=`); `deadline_s`: the most one question
+        """`signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key),
+        an operator's key or a tenant's (`kvrag.trust.tenants`); `allow_unsigned`: also graft unsigned
+        states (a warning is logged once); `namespace`: the tenant (default: the store URL's
+        `?namespace=`, else a tenant key's own), whose derived key signs and addresses everything
+        this engine stores; `deadline_s`: the most one question
         waits on store reads before the text answers; `blend_limits`: the most an approximate blend
         may deviate from the exact path (`BlendLimits`: mean KL 0.1, agreement 0.8 unless set)."""
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
-        self.signing_key = resolve_signing_key(signing_key)
+        #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
+        self.signing_key, self.namespace = effective_key(resolve_signing_key(signing_key),
+                                                         self.store.namespace if namespace is None else namespace)
         self.allow_unsigned = allow_unsigned
-        self.namespace = self.store.namespace if namespace is None else namespace
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", self.namespace):
-            raise InputError("a namespace holds at most 64 letters, digits and _ . -")
         if not 0 < deadline_s <= 3600:
             raise InputError("deadline_s must be more than 0 and at most 3600 seconds")
         self.deadline_s = deadline_s
@@ -138,7 +139,7 @@ class KVEngine:
 
     def deposited(self, ref: StateRef) -> bool:
         """Whether some tier holds `ref` whole, manifest and every payload part (nothing is hashed)."""
-        return self.restorer.has(ref.key)
+        return self.restorer.has(ref.key, Deadline(self.deadline_s))
 
     def ensure(self, text: str, *, after: StateRef | None = None) -> StateRef:
         """The ref for `text`, deposited first if no tier has it yet (what retrievers call)."""
@@ -181,13 +182,13 @@ class KVEngine:
 
         Each new state is computed after its ancestors' grafted states: one prefill per state."""
         segments = self.plan(texts, after=after)
-        self._deposit_after(segments, self.restorer.chain(after.key if after else None))
+        self._deposit_after(segments, self.restorer.chain(after.key if after else None, Deadline(self.deadline_s)))
         return [self.planner.ref(s) for s in segments]
 
     def deposit_segment(self, segment: Segment) -> StateRef:
         """Deposit a segment built with `planner.segment` (any ids, e.g. a memo state) after its
         stored parent chain."""
-        self._deposit_after([segment], self.restorer.chain(segment.parent_key))
+        self._deposit_after([segment], self.restorer.chain(segment.parent_key, Deadline(self.deadline_s)))
         return self.planner.ref(segment)
 
     def _deposit_after(self, segments: Sequence[Segment], chain: Sequence[Restored]) -> None:
@@ -257,7 +258,7 @@ class KVEngine:
         ratio, notes = None, []
         if blend and graft:
             ratio = DEFAULT_RECOMPUTE_RATIO if blend is True else float(blend)
-            refusal = self.gate.refusal(ratio)
+            refusal = self.gate.refusal(ratio, deadline=deadline)
             if refusal:
                 ratio, notes = None, [refusal]
             else:  # each document's own state, wherever its chain state is missing

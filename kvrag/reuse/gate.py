@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 from kvrag.core.continuation import Continuation
 from kvrag.core.protocol import BlendLimits, Engine
 from kvrag.errors import InputError
+from kvrag.stores.deadline import Deadline
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
 
 __all__ = ["GateResult", "BlendGate", "MAX_MEAN_KL", "MIN_AGREEMENT", "kl_divergence"]
@@ -109,9 +110,11 @@ class BlendGate:
         engine.records.put(self.slot(ratio, rerotate), result.model_dump_json().encode())
         return result
 
-    def result(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True) -> GateResult | None:
-        """The stored verdict for this engine's model, hardware and setting (None if never calibrated)."""
-        body = self.engine.records.get(self.slot(ratio, rerotate))
+    def result(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True,
+               deadline: Deadline | None = None) -> GateResult | None:
+        """The stored verdict for this engine's model, hardware and setting (None if never
+        calibrated, or not read within `deadline`)."""
+        body = self.engine.records.get(self.slot(ratio, rerotate), deadline or Deadline(self.engine.deadline_s))
         if body is None:
             return None
         try:
@@ -123,9 +126,10 @@ class BlendGate:
                  and abs(result.ratio - ratio) < 5e-4 and result.rerotate == rerotate)
         return result if bound else None
 
-    def refusal(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True) -> str | None:
+    def refusal(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True,
+                deadline: Deadline | None = None) -> str | None:
         """Why this engine may not blend with this setting (None: it may)."""
-        result = self.result(ratio, rerotate)
+        result = self.result(ratio, rerotate, deadline)
         if result is None:
             return (f"blending is not calibrated for {self.engine.model.name} at ratio {ratio:.2f}; "
                     "run `kvrag calibrate` (or engine.gate.calibrate()) first")

@@ -6,6 +6,13 @@
     GET  /health                model, fingerprints, tiers and their breakers
     GET  /metrics               Prometheus (see `kvrag.server.metrics`)
 
+With API keys (`ServeSettings.api_keys`, `kvrag serve --api-key`), every route needs
+`Authorization: Bearer <key>` (`/health` and `/metrics` too, unless `open_health`); a missing or
+wrong key is a 401 in OpenAI's shape. Keys are compared in constant time, and each maps to a
+tenant: its requests run on an engine whose namespace is that tenant, with the tenant's key
+derived from the operator's (`kvrag.trust.tenants`), so tenants on one server share neither
+states nor memo, and the metrics count each tenant's requests apart.
+
 Workers hold no state of their own that matters: each has a bounded in-process hot tier (an LRU,
 `memory://?max_mib=N`) in front of the shared store, so a state deposited through one worker
 grafts in every other. Each worker runs at most `concurrency` generations at once, in threads
@@ -18,6 +25,7 @@ the `x-kvrag-worker` header.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import math
@@ -43,13 +51,21 @@ from kvrag.engine.engine import KVEngine
 from kvrag.errors import ContextTooLongError, InputError, KVRagError
 from kvrag.server.openai_api import ApiError, ChatRequest, CompletionRequest
 
-__all__ = ["ServeSettings", "create_app", "app_from_environment", "SETTINGS_ENV"]
+__all__ = ["ApiKey", "ServeSettings", "create_app", "app_from_environment", "SETTINGS_ENV"]
 
 log = logging.getLogger("kvrag.server")
 
 #: The environment variable that carries `ServeSettings` (JSON) to uvicorn's worker processes.
 SETTINGS_ENV = "KVRAG_SERVE_SETTINGS"
 WORKER_HEADER = "x-kvrag-worker"
+
+
+class ApiKey(BaseModel):
+    """A key a client presents, and the tenant whose states its requests read and write ("": the
+    server's own namespace)."""
+
+    key: str = Field(min_length=8)
+    tenant: str = ""
 
 
 class ServeSettings(BaseModel):
@@ -74,6 +90,21 @@ class ServeSettings(BaseModel):
     threads: int = Field(default=0, ge=0, le=512)
     #: worker processes on this machine (to share the cores out)
     workers: int = Field(default=1, ge=1, le=64)
+    #: the keys clients must present (none: every client is let in)
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    #: `/health` and `/metrics` answer without a key
+    open_health: bool = False
+
+    def tenant_of(self, authorization: str | None) -> str | None:
+        """The tenant of `Authorization: Bearer <key>`, or None if it names no key here. Every key is
+        compared, in constant time, whichever matches."""
+        scheme, _, token = (authorization or "").partition(" ")
+        presented = token.strip().encode() if scheme.lower() == "bearer" else b""
+        found = None
+        for entry in self.api_keys:
+            if hmac.compare_digest(entry.key.encode(), presented) and presented:
+                found = entry.tenant
+        return found
 
     @property
     def name(self) -> str:
@@ -130,13 +161,23 @@ class Admission:
 
 
 class Worker:
-    """One engine, its generation threads and its admission."""
+    """One model, an engine per tenant over it, the generation threads and their admission."""
 
     def __init__(self, engine: KVEngine, settings: ServeSettings) -> None:
         self.engine, self.settings = engine, settings
         self.admission = Admission(settings.concurrency, settings.queue)
         self.threads = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="kvrag-generate")
         self.fingerprint = "kvrag-" + engine.fingerprint[:16]
+        self._tenants: dict[str, KVEngine] = {"": engine}
+        self._building = threading.Lock()
+
+    def engine_for(self, tenant: str) -> KVEngine:
+        """The engine of `tenant` (""): the same model and store, the tenant's namespace and key."""
+        with self._building:
+            if tenant not in self._tenants:
+                base = self.engine
+                self._tenants[tenant] = KVEngine(base.model, base.store, namespace=tenant, deadline_s=base.deadline_s)
+            return self._tenants[tenant]
 
     async def events(self, build: Callable[[], GenerationStream], arrived: float) -> AsyncIterator[str | Generation]:
         """Run `build()`'s stream in a generation thread: its text deltas, then its `Generation`.
@@ -197,7 +238,7 @@ class Worker:
             "seed": request.seed,
         }
 
-    def chat_stream(self, request: ChatRequest) -> Callable[[], GenerationStream]:
+    def chat_stream(self, request: ChatRequest, engine: KVEngine) -> Callable[[], GenerationStream]:
         conversation = request.conversation()
         options = self.options(request)
         kv = request.kvrag
@@ -207,17 +248,17 @@ class Worker:
             if kv.documents:
                 from kvrag.apps.frameworks import states_for
 
-                states = states_for(self.engine, [(d.text, d.state_key) for d in kv.documents])
-                return self.engine.stream(question_of(conversation), states=states, deposit_missing=deposit,
-                                          memo=kv.memo, **options)
-            return self.engine.stream_chat(conversation, deposit_missing=deposit, **options)
+                states = states_for(engine, [(d.text, d.state_key) for d in kv.documents])
+                return engine.stream(question_of(conversation), states=states, deposit_missing=deposit,
+                                     memo=kv.memo, **options)
+            return engine.stream_chat(conversation, deposit_missing=deposit, **options)
 
         return build
 
-    def completion_stream(self, request: CompletionRequest) -> Callable[[], GenerationStream]:
+    def completion_stream(self, request: CompletionRequest, engine: KVEngine) -> Callable[[], GenerationStream]:
         chat = ChatRequest.model_validate({**request.model_dump(exclude={"prompt"}),
                                            "messages": [{"role": "user", "content": request.text}]})
-        return self.chat_stream(chat)
+        return self.chat_stream(chat, engine)
 
 
 def question_of(conversation: list[dict[str, str]]) -> str:
@@ -296,10 +337,23 @@ def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastA
 
     @app.middleware("http")
     async def count(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        request.state.tenant = ""
+        guarded = request.url.path.startswith("/v1") or not settings.open_health
+        if settings.api_keys and guarded:
+            tenant = settings.tenant_of(request.headers.get("authorization"))
+            if tenant is None:
+                metrics.REQUESTS.labels("unauthorized", "401").inc()
+                return JSONResponse(api.error_body(
+                    "Incorrect or missing API key: send `Authorization: Bearer <key>` with a key this server was "
+                    "started with (kvrag serve --api-key)", code="invalid_api_key"), status_code=401,
+                    headers={"WWW-Authenticate": "Bearer", WORKER_HEADER: str(os.getpid())})
+            request.state.tenant = tenant
         response = await call_next(request)
         response.headers[WORKER_HEADER] = str(os.getpid())
         metrics.REQUESTS.labels(request.url.path if request.url.path.startswith("/v1/") else "other",
                                 str(response.status_code)).inc()
+        if request.url.path.startswith("/v1/") and settings.api_keys:
+            metrics.TENANT_REQUESTS.labels(request.state.tenant or "-", str(response.status_code)).inc()
         return response
 
     @app.exception_handler(ApiError)
@@ -343,22 +397,24 @@ def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastA
                                             "owned_by": "kvrag", "kvrag_fingerprint": w.engine.fingerprint}]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(request: ChatRequest) -> Response | dict[str, Any]:
-        return await _respond(worker, request)
+    async def chat_completions(request: ChatRequest, http: Request) -> Response | dict[str, Any]:
+        return await _respond(worker, request, http.state.tenant)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(request: CompletionRequest) -> Response | dict[str, Any]:
-        return await _respond(worker, request)
+    async def completions(request: CompletionRequest, http: Request) -> Response | dict[str, Any]:
+        return await _respond(worker, request, http.state.tenant)
 
     return app
 
 
-async def _respond(worker: Callable[[], Worker], request: ChatRequest | CompletionRequest) -> Response | dict[str, Any]:
+async def _respond(worker: Callable[[], Worker], request: ChatRequest | CompletionRequest,
+                   tenant: str) -> Response | dict[str, Any]:
     arrived = time.perf_counter()
     w = worker()
     w.check_model(request.model)
     chat = isinstance(request, ChatRequest)
-    build = w.chat_stream(request) if chat else w.completion_stream(request)
+    engine = w.engine_for(tenant)
+    build = w.chat_stream(request, engine) if chat else w.completion_stream(request, engine)
     id = api.new_id("chatcmpl" if chat else "cmpl")
     name, fingerprint = w.settings.name, w.fingerprint
     events = w.events(build, arrived)

@@ -21,12 +21,14 @@ from prometheus_client import (
 
 from kvrag.core.receipt import Receipt
 
-__all__ = ["CONTENT_TYPE_LATEST", "REQUESTS", "REJECTED", "IN_FLIGHT", "QUEUED", "observe", "exposition"]
+__all__ = ["CONTENT_TYPE_LATEST", "REQUESTS", "TENANT_REQUESTS", "REJECTED", "IN_FLIGHT", "QUEUED", "observe", "exposition"]
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 REQUESTS = Counter("kvrag_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"])
-REJECTED = Counter("kvrag_rejected", "Requests turned away before they ran (queue full, shutting down)", ["reason"])
+#: with API keys: each tenant's requests by status (the tenant's name; "-" for the server's own)
+TENANT_REQUESTS = Counter("kvrag_tenant_requests", "HTTP requests to /v1 by tenant and status code", ["tenant", "status"])
+REJECTED = Counter("kvrag_rejected", "Requests turned away before they ran (queue full)", ["reason"])
 IN_FLIGHT = Gauge("kvrag_in_flight", "Generations running now", multiprocess_mode="livesum")
 QUEUED = Gauge("kvrag_queued", "Requests waiting for a generation slot", multiprocess_mode="livesum")
 TTFT = Histogram("kvrag_ttft_seconds", "From the request's arrival to its first token (queueing included), by receipt mode",

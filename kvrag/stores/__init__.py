@@ -3,7 +3,8 @@
     disk://PATH                         atomic files, mmap reads (the default, in the user cache dir)
     memory://                           this process only; ?max_mib=N caps it (least recently used go)
     redis://[user:pass@]host:port/db    one Redis server; rediss:// for TLS
-    redis+cluster://host:port,...       Redis Cluster (a state's frames share one hash slot)
+    redis+cluster://host:port,...       Redis Cluster (a state's frames share one hash slot);
+                                        rediss+cluster:// or ?ssl=true for TLS (TLS or refused)
     redis://...,disk://...              tiers, hot first: reads promote, writes go through
 
 Every tier URL also takes `?namespace=NAME` (the tenant: part of every state and memo key) and
@@ -40,7 +41,7 @@ __all__ = ["UNTRUSTED_PARSE_ERRORS", "StateStore", "BlobStore", "StoredState", "
            "PayloadLayout", "Found", "Deadline", "Breaker", "DEFAULT_DEADLINE_S", "DiskStore", "MemoryStore", "RedisStore",
            "TieredStore", "open_store", "default_store_url"]
 
-_SCHEMES = "disk://PATH, memory://, redis://, rediss://, redis+cluster://, or a comma list of them"
+_SCHEMES = "disk://PATH, memory://, redis://, rediss://, redis+cluster://, rediss+cluster://, or a comma list of them"
 
 
 def default_store_url() -> str:
@@ -109,6 +110,6 @@ def _open_scheme(url: str) -> StateStore:
         if base.strip("/"):
             raise StoreError(f"memory:// takes no path, only ?max_mib=N; got {url!r}")
         return MemoryStore.from_params(dict(parse_qsl(query, keep_blank_values=True)))
-    if scheme in ("redis", "rediss", "redis+cluster"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         return redis_store_from_url(url)
     raise StoreError(f"unsupported store scheme {scheme!r} in {url!r}; use {_SCHEMES}")

@@ -116,8 +116,12 @@ class Guarded:
     def breaker(self) -> Breaker:
         """This tier's breaker: open after a read timed out or the tier could not be reached."""
         if "_breaker" not in self.__dict__:
-            self.__dict__["_breaker"] = Breaker()
+            self.__dict__["_breaker"] = self.make_breaker()
         return self.__dict__["_breaker"]
+
+    def make_breaker(self) -> Breaker:
+        """This tier's breaker, made on first use (a tier with a liveness probe makes a half-open one)."""
+        return Breaker()
 
     def guarded(self, fn: Callable[[], T], deadline: Deadline | None, what: str) -> T:
         """`fn()` unless the breaker is open, waited for until `deadline`; a timeout or a store
@@ -176,6 +180,14 @@ class StateStore(Guarded, ABC):
     def complete(self, key: str) -> bool:
         """Whether the manifest and every part of its payload are present (nothing is hashed)."""
         return self.read_manifest(key) is not None
+
+    def holds(self, key: str, deadline: Deadline | None = None) -> bool:
+        """`complete(key)` through this tier's guard: within `deadline`, skipped while the breaker is
+        open; a tier that fails to answer in time counts as not holding it."""
+        try:
+            return self.guarded(lambda: self.complete(key), deadline, f"checking {key[:12]} in {self.url}")
+        except StoreError:
+            return False
 
     @property
     def tiers(self) -> list["StateStore"]:

@@ -67,6 +67,9 @@ class TieredStore(StateStore, BlobStore):
     def complete(self, key: str) -> bool:
         return any(_quietly(lambda t=tier: t.complete(key)) for tier in self.tiers)
 
+    def holds(self, key: str, deadline: Deadline | None = None) -> bool:
+        return any(tier.holds(key, deadline) for tier in self.tiers)
+
     def fetch(self, key: str, check: StateCheck[T], deadline: Deadline | None = None) -> Found[T]:
         """The first copy that passes `check`, tier by tier, all within `deadline`; it is then
         written into the hotter tiers that missed. Raises the most telling `StateError` when no

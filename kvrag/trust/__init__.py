@@ -1,8 +1,11 @@
-"""Trust: signing keys and MACs (`signing`), sealed records beside the states (`records`), and an
-engine's identity, whose key scope every address is derived from (`identity`)."""
+"""Trust: signing keys and MACs (`signing`), tenants' keys derived from the operator's (`tenants`),
+sealed records beside the states (`records`), and an engine's identity, whose key scope every
+address is derived from (`identity`)."""
 
 from kvrag.trust.identity import EngineIdentity, key_scope
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import KEY_ENV, resolve_signing_key
+from kvrag.trust.tenants import derive_tenant_key, effective_key, tenant_of
 
-__all__ = ["EngineIdentity", "key_scope", "SealedRecords", "KEY_ENV", "resolve_signing_key"]
+__all__ = ["EngineIdentity", "key_scope", "SealedRecords", "KEY_ENV", "resolve_signing_key", "derive_tenant_key",
+           "effective_key", "tenant_of"]

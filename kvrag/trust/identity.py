@@ -9,6 +9,7 @@ the key cannot compute (so cannot probe) another's keys.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,12 @@ class EngineIdentity:
     @property
     def model_digest(self) -> str:
         return self.model.digest
+
+    @property
+    def scope_id(self) -> str:
+        """A public name for the scope, carried by refs: it tells scopes apart and, being a hash of
+        the scope, lets nobody compute a key, memo slot or record name of it."""
+        return hashlib.sha256(b"kvrag-scope-id\x00" + self.scope.encode()).hexdigest()[:32]
 
     def check_hardware(self) -> None:
         """Raise `ForeignStateError` when this thread no longer runs as the engine was built (torch's

@@ -5,9 +5,12 @@ from __future__ import annotations
 import socket
 import threading
 
+import pytest
 import redis
 
-from ..conftest import DOC_A, DOC_B, DOC_C, QUESTION
+from kvrag import KVEngine
+
+from ..conftest import DOC_A, DOC_B, DOC_C, QUESTION, tiny
 from .conftest import DEADLINE_S, MODEL_MARGIN_S, engine, text_logits, timed
 
 
@@ -20,8 +23,11 @@ def test_a_paused_redis_costs_at_most_the_deadline_then_its_breaker_skips_it(ser
         answer, took = timed(lambda: victim.generate(QUESTION, states=refs, max_new_tokens=1, memo=False))
         assert took < DEADLINE_S + MODEL_MARGIN_S, took
         assert answer.receipt.timings.restore_ms < (DEADLINE_S + 0.5) * 1e3
-        reasons = [u.reason for u in answer.receipt.states]
-        assert "unavailable" in reasons or any("unavailable" in (u.detail or "") for u in answer.receipt.states)
+        # the first read waits out the question's deadline, which then covers the disk tier too:
+        # every state is read as text, and each says why
+        assert answer.receipt.mode == "text-prefill"
+        assert [u.reason for u in answer.receipt.states] == ["unavailable"] * len(refs)
+        assert all("deadline" in (u.detail or "") for u in answer.receipt.states)
         assert answer.receipt.first_token_logits_sha256 == text_logits_for(refs)
         # The breaker is open now: the next question skips Redis and grafts from disk at once.
         again, took = timed(lambda: victim.generate(QUESTION, states=refs, max_new_tokens=1, memo=False))
@@ -59,3 +65,25 @@ def test_a_server_that_accepts_and_never_answers_is_bounded():
         assert {u.reason for u in answer.receipt.states} == {"unavailable"}
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "invariant"])
+def test_a_paused_redis_costs_chat_and_generate_at_most_their_deadline(server, attn):
+    """Every read a question makes (completeness checks, chain and prefix records, memo, states)
+    shares one deadline: a paused Redis costs it once, then the text answers."""
+    deadline_s = 2.0
+    writer = KVEngine(tiny("llama", "float32", attn), server.url, deadline_s=deadline_s)
+    refs = writer.deposit_chain([DOC_A, DOC_B])
+    messages = [{"role": "system", "content": "Answer from the documents."},
+                {"role": "user", "content": f"{DOC_A}\n{DOC_B}\nQuestion: {QUESTION}"}]
+    writer.deposit_chat(messages)
+    for ask in (lambda e: e.generate(QUESTION, states=refs, max_new_tokens=1),
+                lambda e: e.chat(messages, max_new_tokens=1)):
+        victim = KVEngine(tiny("llama", "float32", attn), server.url, deadline_s=deadline_s)  # a fresh breaker
+        redis.Redis(port=server.port).execute_command("CLIENT", "PAUSE", 20_000, "ALL")
+        try:
+            answer, took = timed(lambda: ask(victim))
+        finally:
+            redis.Redis(port=server.port).execute_command("CLIENT", "UNPAUSE")
+        assert took < deadline_s + MODEL_MARGIN_S, took
+        assert answer.receipt.tokens_reused == 0 and {u.source for u in answer.receipt.states} == {"text"}

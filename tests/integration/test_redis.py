@@ -240,28 +240,29 @@ def test_ttl_expires_states(redis_server, reference):
     _same_answer(generation, reference)
 
 
-def test_eviction_under_maxmemory_is_a_miss_never_a_partial_graft(tmp_path):
+def test_eviction_under_maxmemory_grafts_a_state_whole_or_not_at_all(tmp_path):
+    """Redis evicts frames and records at random: a state with any part gone is a miss, read as text
+    in its own segment, while the rest of its chain still grafts (a partial graft, exact)."""
     server = RedisServer(tmp_path / "small", extra=("--maxmemory", "3mb", "--maxmemory-policy", "allkeys-random")).start()
     try:
         engine = KVEngine(tiny("llama"), f"{server.url}?frame_mib=0.005")
         texts = [f"{DOC_A} Record number {i}. {DOC_B}" * 3 for i in range(12)]
-        refs = []
-        for text in texts:
+        chains = [texts[i : i + 2] for i in range(0, len(texts), 2)]
+        for chain in chains:
             try:
-                refs.append(engine.deposit(text))
+                engine.deposit_chain(chain)
             except StoreError:  # Redis may refuse a write outright when it cannot evict enough
-                refs.append(engine.ref(text))
-        info = _raw(server).info("stats")
-        assert info["evicted_keys"] > 0
-        modes = []
-        for ref in refs:
-            graft = engine.generate(QUESTION, states=[ref], max_new_tokens=2)
-            text = engine.generate(QUESTION, states=[ref], max_new_tokens=2, graft=False)
+                pass
+        assert _raw(server).info("stats")["evicted_keys"] > 0
+        uses = []
+        for chain in chains:
+            graft = engine.generate(QUESTION, states=chain, max_new_tokens=2)
+            text = engine.generate(QUESTION, states=chain, max_new_tokens=2, graft=False)
             assert graft.receipt.first_token_logits_sha256 == text.receipt.first_token_logits_sha256
-            modes.append(graft.receipt.mode)
-            if graft.receipt.mode == "text-prefill":
-                assert graft.receipt.states[0].reason in ("missing", "integrity")
-        assert "text-prefill" in modes
+            for use, segment in zip(graft.receipt.states, engine.plan(chain), strict=True):
+                assert (use.start, use.end) == (segment.start, segment.end)  # whole segments only
+                uses.append(use)
+        assert {u.reason for u in uses if u.source == "text"} == {"missing"}  # some were evicted, each a miss
     finally:
         server.stop()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import uuid
 
 import httpx
 import openai
@@ -65,10 +66,17 @@ def receipt(response) -> dict:
     return response.model_extra["kvrag_receipt"]
 
 
+def unseen(text: str) -> str:
+    """`text` made new to every server and store: a test that needs a cold first ask holds, run in
+    any order, alone or after the others."""
+    return f"{text} (Case {uuid.uuid4().hex[:8]}.)"
+
+
 # ------------------------------------------------------------------------------ the openai client
 def test_a_cold_answer_equals_the_in_process_engine_and_the_next_one_grafts(server_a, local):
-    expected = local.generate(QUESTION, states=[DOC_A], max_new_tokens=TOKENS, memo=False)
-    cold = ask(server_a, QUESTION, [DOC_A], memo=False)
+    document = unseen(DOC_A)
+    expected = local.generate(QUESTION, states=[document], max_new_tokens=TOKENS, memo=False)
+    cold = ask(server_a, QUESTION, [document], memo=False)
     assert receipt(cold)["mode"] == "text-prefill"
     assert cold.choices[0].message.content == expected.text
     assert receipt(cold)["first_token_logits_sha256"] == expected.receipt.first_token_logits_sha256
@@ -76,7 +84,7 @@ def test_a_cold_answer_equals_the_in_process_engine_and_the_next_one_grafts(serv
     assert cold.usage.prompt_tokens == expected.receipt.tokens_prefilled
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
 
-    warm = ask(server_a, QUESTION, [DOC_A], memo=False)
+    warm = ask(server_a, QUESTION, [document], memo=False)
     assert receipt(warm)["mode"] == "exact-graft"
     assert warm.choices[0].message.content == expected.text
     assert receipt(warm)["first_token_logits_sha256"] == expected.receipt.first_token_logits_sha256
@@ -166,9 +174,10 @@ def test_sampling_with_a_seed_is_reproducible_and_stop_cuts(server_a):
     assert receipt(first)["sampling"]["seed"] == 7
     greedy = c.chat.completions.create(model=MODEL, messages=common["messages"], max_tokens=TOKENS)
     text = greedy.choices[0].message.content
-    if len(text) > 2:
-        cut = c.chat.completions.create(model=MODEL, messages=common["messages"], max_tokens=TOKENS, stop=[text[1:3]])
-        assert cut.choices[0].message.content == text[: text.index(text[1:3])]
+    assert len(text) >= 3, text  # the stop string below is cut from it
+    stop = text[1:3]
+    cut = c.chat.completions.create(model=MODEL, messages=common["messages"], max_tokens=TOKENS, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
 
 
 # ------------------------------------------------------------------------------ framework clients
@@ -208,7 +217,7 @@ def test_llamaindex_openai_like_chat_and_complete(server_a, local):
 
 # --------------------------------------------------------------------------------- workers, load
 def test_a_state_deposited_through_one_server_grafts_in_the_other_from_redis(server_a, server_b):
-    question, document = "What is in the lantern room?", DOC_C + " It was cleaned in 2001."
+    question, document = "What is in the lantern room?", unseen(DOC_C)
     cold = ask(server_a, question, [document], memo=False)
     assert receipt(cold)["mode"] == "text-prefill"
     other = ask(server_b, question, [document], memo=False)
@@ -237,25 +246,30 @@ def test_beyond_the_queue_requests_get_429_with_retry_after(server_a):
 
 
 def test_a_restarted_server_finds_its_states_in_redis(server_b):
-    question = "Who retired in 1988?"
-    first = ask(server_b, question, [DOC_B + " Keepers lived on site."], memo=False)
+    question, document = "Who retired in 1988?", unseen(DOC_B)
+    first = ask(server_b, question, [document], memo=False)
+    assert receipt(first)["mode"] == "text-prefill"
     server_b.stop()
     server_b.start()
-    again = ask(server_b, question, [DOC_B + " Keepers lived on site."], memo=False)
+    again = ask(server_b, question, [document], memo=False)
     assert receipt(again)["mode"] == "exact-graft"
     assert receipt(again)["first_token_logits_sha256"] == receipt(first)["first_token_logits_sha256"]
 
 
-def test_with_redis_killed_answers_continue_by_text_and_receipts_say_why(server_a, redis_shared):
-    redis_shared.stop(kill=True)
+def test_with_redis_killed_answers_continue_by_text_and_receipts_say_why(tmp_path):
+    """Its own Redis and server: killing the Redis the other tests share would make them depend on order."""
+    redis_own = RedisServer(tmp_path / "redis").start()
+    server = KVRagServer(MODEL, redis_own.url, log=tmp_path / "serve.log").start()
     try:
+        redis_own.stop(kill=True)
         for i in range(3):
-            response = ask(server_a, "What changed in 1904?", [f"{DOC_B} Note {i}."], memo=False)
+            response = ask(server, "What changed in 1904?", [f"{DOC_B} Note {i}."], memo=False)
             assert receipt(response)["mode"] == "text-prefill"
             assert [s["reason"] for s in receipt(response)["states"]] == ["unavailable"]
-        assert httpx.get(server_a.base + "/health").status_code == 200
+        assert httpx.get(server.base + "/health").status_code == 200
     finally:
-        redis_shared.start()
+        server.stop(kill=True)
+        redis_own.stop(kill=True)
 
 
 def test_sigterm_finishes_the_stream_in_flight(tmp_path):

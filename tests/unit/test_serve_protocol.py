@@ -125,3 +125,29 @@ def test_the_port_answers_503_loading_while_the_model_loads(monkeypatch):
                 break
             threading.Event().wait(0.1)
         assert http.get("/health").json()["status"] == "ok"
+
+
+def test_api_keys_map_to_tenants_and_guard_every_route_unless_health_is_open():
+    from kvrag.server.app import ApiKey
+
+    keys = [ApiKey(key="alpha-key-000", tenant="a"), ApiKey(key="beta-key-0000", tenant="b"), ApiKey(key="own-key-0000")]
+    settings = ServeSettings(model=MODEL, api_keys=keys)
+    assert [settings.tenant_of(h) for h in ("Bearer alpha-key-000", "bearer beta-key-0000", "Bearer own-key-0000")] == \
+        ["a", "b", ""]
+    for refused in (None, "", "Bearer", "Bearer ", "Basic alpha-key-000", "Bearer alpha-key-00", "Bearer alpha-key-0000"):
+        assert settings.tenant_of(refused) is None, refused
+    engine = KVEngine(tiny("llama"), MemoryStore())
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": QUESTION}],
+            "kvrag": {"documents": [DOC_A], "memo": False}}
+    with TestClient(create_app(settings, engine)) as http:
+        assert http.post("/v1/chat/completions", json=body).status_code == 401
+        assert http.get("/health").status_code == 401 and http.get("/metrics").status_code == 401
+        ok = http.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer alpha-key-000"})
+        assert ok.status_code == 200 and ok.json()["kvrag_receipt"]["mode"] == "text-prefill"
+        again = http.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer alpha-key-000"})
+        other = http.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer beta-key-0000"})
+        assert again.json()["kvrag_receipt"]["mode"] == "exact-graft"
+        assert other.json()["kvrag_receipt"]["mode"] == "text-prefill"  # tenant b: nothing of a's
+    with TestClient(create_app(settings.model_copy(update={"open_health": True}), engine)) as http:
+        assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+        assert http.get("/v1/models").status_code == 401

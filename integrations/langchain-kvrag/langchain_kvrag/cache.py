@@ -13,8 +13,8 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
 
 from kvrag.errors import StoreError
-from kvrag.stores import StateStore, open_store
-from kvrag.trust import SealedRecords, resolve_signing_key
+from kvrag.stores import DEFAULT_DEADLINE_S, Deadline, StateStore, open_store
+from kvrag.trust import SealedRecords, effective_key, resolve_signing_key
 
 __all__ = ["KVCache"]
 
@@ -35,10 +35,13 @@ class KVCache(BaseCache):
     """
 
     def __init__(self, store: StateStore | str | None = None, *, ttl: int | None = None,
-                 signing_key: bytes | str | None = None, allow_unsigned: bool = False) -> None:
+                 signing_key: bytes | str | None = None, allow_unsigned: bool = False,
+                 deadline_s: float = DEFAULT_DEADLINE_S) -> None:
         self.store = store if isinstance(store, StateStore) else open_store(store)
         self.ttl = ttl
-        self._records = SealedRecords(self.store, resolve_signing_key(signing_key), allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
+        self.deadline_s = deadline_s  # the most a lookup waits on the store: then it is a miss
+        key, _ = effective_key(resolve_signing_key(signing_key), self.store.namespace)  # a tenant's, for a namespace
+        self._records = SealedRecords(self.store, key, allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
 
     @staticmethod
     def _name(prompt: str, llm_string: str) -> str:
@@ -46,7 +49,7 @@ class KVCache(BaseCache):
         return f"{NAMESPACE}/{digest}"
 
     def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
-        raw = self._records.get(self._name(prompt, llm_string))
+        raw = self._records.get(self._name(prompt, llm_string), Deadline(self.deadline_s))
         if raw is None:
             return None
         try:

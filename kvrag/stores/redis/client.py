@@ -13,12 +13,13 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from kvrag.artifacts.format import parse_manifest
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
 from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameLayout, make_layout, parse_layout
+from kvrag.stores.deadline import Breaker
 from kvrag.stores.redis.wire import FramePool, Redirected
 
 __all__ = ["RedisStore"]
@@ -69,6 +70,7 @@ class RedisStore(StateStore, BlobStore):
         streams: int = 2,
         frame_pool: FramePool | None = None,
         node: tuple[str, int] | None = None,
+        probe: Callable[[], bool] | None = None,
     ) -> None:
         self.url = url
         self.cluster = cluster
@@ -85,6 +87,11 @@ class RedisStore(StateStore, BlobStore):
         self._node = node
         self._client_factory = client_factory
         self._client: Any = None
+        #: a PING with short timeouts on a connection of its own: whether the server is back
+        self._probe = probe
+
+    def make_breaker(self) -> Breaker:
+        return Breaker(probe=self._probe)
 
     @property
     def client(self) -> Any:
@@ -177,7 +184,19 @@ class RedisStore(StateStore, BlobStore):
             healthy = False
             try:
                 for index in range(start, len(keys), lanes):
-                    if not connection.get_into(keys[index], assembler.slot(index)):
+                    try:
+                        found = connection.get_into(keys[index], assembler.slot(index))
+                    except Redirected:
+                        raise
+                    except StoreError:
+                        if not connection.reused:
+                            raise
+                        # a pooled connection the server closed since (a restart): one fresh one, once
+                        connection.close()
+                        connection = pool.connect(host, port)
+                        found = connection.get_into(keys[index], assembler.slot(index))
+                    connection.reused = False
+                    if not found:
                         healthy = True
                         return False
                     assembler.received(index)

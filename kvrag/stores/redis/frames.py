@@ -18,10 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, chunk_digests, hash_pool
 from kvrag.errors import IntegrityError
 
-__all__ = ["FrameLayout", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "Assembler", "make_layout", "parse_layout", "split", "assemble"]
+__all__ = ["FrameLayout", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "MAX_FRAMES", "Assembler", "make_layout", "parse_layout", "split", "assemble"]
 
 DEFAULT_FRAME_BYTES = CHUNK_BYTES  # the manifest's chunk size: frame checks then stand for the payload check
 MAX_STATE_BYTES = 1 << 36  # 64 GiB: anything larger is a forged or corrupt record
+#: the most frames a record may list (a 512 MiB state in 8 KiB frames; 8 GiB in the default 8 MiB
+#: chunks use 1,024): a forged record listing more is refused before any frame is asked for
+MAX_FRAMES = 1 << 16
 _HEX64 = r"^[0-9a-f]{64}$"
 _HEX_RUN = re.compile(r"[0-9a-f]*")
 
@@ -34,7 +37,7 @@ class FrameLayout(BaseModel):
     payload_sha256: str = Field(pattern=_HEX64)
     payload_bytes: int = Field(ge=0, le=MAX_STATE_BYTES)
     frame_bytes: int = Field(ge=1, le=1 << 30)
-    frames: list[str] = Field(max_length=1 << 20)
+    frames: list[str] = Field(max_length=MAX_FRAMES)
 
     @model_validator(mode="after")
     def _counts_agree(self) -> "FrameLayout":

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, Callable
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kvrag.errors import StoreError
 from kvrag.stores.base import shorten
@@ -29,7 +29,9 @@ def _split_our_params(url: str) -> tuple[str, dict[str, str]]:
 
 
 def _connection_kwargs(url: str) -> dict[str, Any]:
-    """Short timeouts and no retries: a slow or wrong server costs seconds, then the text answers."""
+    """Short timeouts; no retry on a timeout, one reconnect on a connection error (a pooled
+    connection a restarted server closed): a slow or wrong server costs seconds, then the text answers."""
+    import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
@@ -37,14 +39,14 @@ def _connection_kwargs(url: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": _seconds("KVRAG_REDIS_CONNECT_TIMEOUT", 1.0),
         "socket_timeout": _seconds("KVRAG_REDIS_TIMEOUT", 5.0),
-        "retry": Retry(NoBackoff(), 0),
+        "retry": Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
         "retry_on_timeout": False,
     }
     if not parts.username and os.environ.get("KVRAG_REDIS_USERNAME"):
         kwargs["username"] = os.environ["KVRAG_REDIS_USERNAME"]
     if not parts.password and os.environ.get("KVRAG_REDIS_PASSWORD"):
         kwargs["password"] = os.environ["KVRAG_REDIS_PASSWORD"]
-    if parts.scheme == "rediss":
+    if parts.scheme in ("rediss", "rediss+cluster"):
         for env, arg in (("KVRAG_REDIS_CA_CERT", "ssl_ca_certs"), ("KVRAG_REDIS_CERT", "ssl_certfile"), ("KVRAG_REDIS_KEY", "ssl_keyfile")):
             if os.environ.get(env):
                 kwargs[arg] = os.environ[env]
@@ -105,6 +107,8 @@ def redis_store_from_url(url: str) -> RedisStore:
         raise StoreError(f"prefix {shorten(prefix)} may hold only letters, digits and _ . : - "
                          "(glob characters would let one prefix's gc reach another's keys)")
     scheme = urlsplit(redis_url).scheme
+    if scheme == "redis+cluster" and _cluster_tls(redis_url):
+        scheme = "rediss+cluster"
     if scheme in ("redis", "rediss"):
         _hosts(urlsplit(redis_url).netloc)  # a port that is not a number fails here, with one line
     try:
@@ -122,27 +126,99 @@ def redis_store_from_url(url: str) -> RedisStore:
         def factory() -> Any:
             return redis.Redis.from_url(redis_url, **kwargs)
 
-    elif scheme == "redis+cluster":
+    elif scheme in ("redis+cluster", "rediss+cluster"):
         parts = urlsplit(redis_url)
         nodes = [redis.cluster.ClusterNode(host, port) for host, port in _hosts(parts.netloc)]
         if not nodes:
             raise StoreError(f"redis+cluster:// needs at least one host:port, got {url!r}")
-        kwargs = _connection_kwargs(redis_url)
-        kwargs.pop("retry")
+        kwargs = {**_connection_kwargs(redis_url.replace(parts.scheme, scheme, 1)), **_cluster_options(parts.query)}
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        kwargs["retry"] = Retry(NoBackoff(), 0)  # the cluster client's own retries (backoff, attempts): none
         if parts.username:
-            kwargs["username"] = parts.username
+            kwargs["username"] = unquote(parts.username)
         if parts.password:
-            kwargs["password"] = parts.password
-        if wire == "direct" and "ssl" not in parts.query:
+            kwargs["password"] = unquote(parts.password)
+        if scheme == "rediss+cluster":
+            kwargs["ssl"] = True  # TLS or nothing: a node that does not speak it is unreachable, never plaintext
+        elif wire == "direct":
             frame_pool = _frame_pool(kwargs, 0, kwargs.get("username"), kwargs.get("password"))
+        options = {k: v for k, v in kwargs.items() if k != "retry_on_timeout"}
 
         def factory() -> Any:
-            return redis.RedisCluster(startup_nodes=nodes, **kwargs)
+            return redis.RedisCluster(startup_nodes=nodes, **options)
 
     else:
         raise StoreError(f"not a Redis URL: {url!r}")
-    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster=scheme == "redis+cluster",
-                      streams=streams, frame_pool=frame_pool, node=node)
+    if "cluster" in scheme:
+        probe = _probe([lambda host=host, port=port: redis.Redis(host=host, port=port, **_short(kwargs))
+                        for host, port in _hosts(urlsplit(redis_url).netloc)[:3]])
+    else:
+        probe = _probe([lambda: redis.Redis.from_url(redis_url, **_short(kwargs))])
+    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster="cluster" in scheme,
+                      streams=streams, frame_pool=frame_pool, node=node, probe=probe)
+
+
+#: a cluster URL's query parameters that kvrag passes to redis-py (anything else is refused)
+_CLUSTER_TLS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+
+
+def _cluster_tls(url: str) -> bool:
+    value = dict(parse_qsl(urlsplit(url).query)).get("ssl", "")
+    if value.lower() not in ("", "true", "false", "1", "0", "yes", "no"):
+        raise StoreError(f"ssl must be true or false, got {shorten(value)}")
+    return value.lower() in ("true", "1", "yes")
+
+
+def _cluster_options(query: str) -> dict[str, Any]:
+    """A cluster URL's query, parsed as redis-py parses a single node's: TLS files and checks,
+    timeouts; an unknown parameter is refused, never silently dropped."""
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name == "ssl":
+            continue
+        if name in ("socket_timeout", "socket_connect_timeout"):
+            try:
+                options[name] = float(value)
+            except ValueError as e:
+                raise StoreError(f"{name} must be a number of seconds, got {shorten(value)}") from e
+            if not 0 < options[name] < 3600:
+                raise StoreError(f"{name} must be between 0 and 3600 seconds")
+        elif name in _CLUSTER_TLS:
+            options[name] = value.lower() in ("true", "1", "yes") if name == "ssl_check_hostname" else value
+        else:
+            raise StoreError(f"redis+cluster:// does not take {shorten(name)}; it takes ssl, {', '.join(_CLUSTER_TLS)}, "
+                             "socket_timeout, socket_connect_timeout and kvrag's own (ttl, frame_mib, prefix, streams, wire)")
+    return options
+
+
+def _short(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` (credentials, TLS) with 0.25 s timeouts and no retry: for the breaker's probe."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    kept = {k: v for k, v in kwargs.items() if k.startswith("ssl") or k in ("username", "password")}
+    return {**kept, "socket_timeout": 0.25, "socket_connect_timeout": 0.25, "retry": Retry(NoBackoff(), 0)}
+
+
+def _probe(clients: list[Callable[[], Any]]) -> Callable[[], bool]:
+    """A liveness check for the breaker: a PING on a connection of its own, to the first node that answers."""
+    import redis
+
+    def probe() -> bool:
+        for make in clients:
+            client = make()
+            try:
+                if client.ping():
+                    return True
+            except redis.exceptions.RedisError:
+                continue
+            finally:
+                client.close()
+        return False
+
+    return probe
 
 
 def _frame_pool(kwargs: dict[str, Any], db: int, username: str | None, password: str | None) -> FramePool:

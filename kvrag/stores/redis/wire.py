@@ -23,7 +23,12 @@ from kvrag.errors import IntegrityError, StoreError
 
 __all__ = ["FrameConnection", "FramePool", "Redirected"]
 
-_MAX_HEADER = 32  # "$" + up to 20 digits + CRLF, or the start of an error line
+_MAX_HEADER = 32  # "$" + up to 20 digits + CRLF
+_MAX_ERROR = 4096  # an error reply line ("-MOVED 1234 a-long-host-name:6379", "-LOADING ...")
+#: error replies that mean the server cannot serve now (it is starting, loading, busy or locked):
+#: an outage the breaker counts, never a verdict on the stored bytes
+_UNAVAILABLE = (b"-LOADING", b"-NOAUTH", b"-BUSY", b"-TRYAGAIN", b"-CLUSTERDOWN", b"-MASTERDOWN", b"-READONLY",
+                b"-WRONGPASS", b"-NOPERM")
 
 
 class Redirected(StoreError):
@@ -36,6 +41,8 @@ class FrameConnection:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        #: taken from a pool, not yet used since: the server may have closed it meanwhile (a restart)
+        self.reused = False
 
     @classmethod
     def connect(cls, host: str, port: int, *, db: int = 0, username: str | None = None, password: str | None = None,
@@ -63,21 +70,24 @@ class FrameConnection:
         self.sock.sendall(message)
 
     def _line(self) -> bytes:
-        """One CRLF-terminated line of at most `_MAX_HEADER` bytes, without consuming a byte past
-        it (the frame that follows is received into its own place)."""
+        """One CRLF-terminated reply line, without consuming a byte past it (the frame that follows
+        is received into its own place): at most `_MAX_HEADER` bytes for a bulk header, at most
+        `_MAX_ERROR` for an error line."""
         pending = b""
         while True:
-            peeked = self.sock.recv(_MAX_HEADER, socket.MSG_PEEK)
+            limit = _MAX_ERROR if pending[:1] == b"-" else _MAX_HEADER
+            peeked = self.sock.recv(limit - len(pending), socket.MSG_PEEK)
             if not peeked:
                 raise StoreError("Redis closed the connection mid-reply")
             joined = pending + peeked
+            bound = _MAX_ERROR if joined[:1] == b"-" else _MAX_HEADER
             end = joined.find(b"\r\n")
-            if 0 <= end <= _MAX_HEADER - 2:
+            if 0 <= end <= bound - 2:
                 self._exactly(end + 2 - len(pending))
                 return joined[:end]
-            if len(joined) >= _MAX_HEADER:
-                raise IntegrityError("a Redis reply header is longer than any frame's")
-            pending += self._exactly(len(peeked))  # no CRLF yet: all of it is header
+            if len(joined) >= bound:
+                raise IntegrityError("a Redis reply line is longer than any reply kvrag reads")
+            pending += self._exactly(len(peeked))  # no CRLF yet: all of it is the line
 
     def _simple(self, *command: str) -> None:
         try:
@@ -95,9 +105,11 @@ class FrameConnection:
             self._send("GET", name)
             line = self._line()
             if line.startswith((b"-MOVED ", b"-ASK ")):
-                raise Redirected(f"Redis redirected the read: {line[1:200].decode(errors='replace')}")
+                raise Redirected(f"Redis redirected the read: {line[1:300].decode(errors='replace')}")
+            if line.startswith(_UNAVAILABLE):
+                raise StoreError(f"Redis cannot serve now: {line[1:300].decode(errors='replace')}")
             if line.startswith(b"-"):
-                raise StoreError(f"Redis GET failed: {line[1:200].decode(errors='replace')}")
+                raise StoreError(f"Redis GET failed: {line[1:300].decode(errors='replace')}")
             if line == b"$-1":
                 return False
             if not line.startswith(b"$") or not line[1:].isdigit():
@@ -143,10 +155,16 @@ class FramePool:
         self._lock = threading.Lock()
 
     def take(self, host: str, port: int) -> FrameConnection:
+        """An idle connection (`reused`), else a new one."""
         with self._lock:
             idle = self._idle.get((host, port))
             if idle:
-                return idle.pop()
+                connection = idle.pop()
+                connection.reused = True
+                return connection
+        return self.connect(host, port)
+
+    def connect(self, host: str, port: int) -> FrameConnection:
         return FrameConnection.connect(host, port, **self.options)
 
     def give(self, host: str, port: int, connection: FrameConnection) -> None:

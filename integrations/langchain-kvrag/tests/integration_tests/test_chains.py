@@ -10,6 +10,7 @@ from langchain_core.messages import HumanMessage
 from langchain_kvrag import STATE_KEY, ChatKVRAG, KVRetriever, create_kv_rag_chain, state_blocks
 
 from kvrag import KVEngine, MemoryStore, load_model
+from kvrag.apps import FINGERPRINT_KEY
 from kvrag.data import sample_docs
 
 from ..conftest import load_example
@@ -58,10 +59,16 @@ def test_fallback_for_another_models_state_and_for_a_missing_state(smollm2, docs
     retriever = KVRetriever(engine=other, documents=docs, k=1)
     ours = KVEngine(smollm2, MemoryStore())
     llm = ChatKVRAG(engine=ours, max_tokens=16, deposit_missing=False)
+    # the retriever stamps the other engine's state: its key and fingerprint, not ours
+    stamped = retriever.invoke("Who built the lighthouse at Varrow Point?")[0]
+    assert stamped.metadata[STATE_KEY] == other.ref(stamped.page_content).key != ours.ref(stamped.page_content).key
+    assert stamped.metadata[FINGERPRINT_KEY] == other.fingerprint != ours.fingerprint
     chain = create_kv_rag_chain(retriever, llm)
     answer = chain.invoke("Who built the lighthouse at Varrow Point?")
     receipt = answer.response_metadata["kvrag_receipt"]
+    # ours never holds a state for it: the stamped key is not ours, so the text is read
     assert receipt["mode"] == "text-prefill" and receipt["states"][0]["reason"] == "missing"
+    assert receipt["states"][0]["key"] != stamped.metadata[STATE_KEY]
     assert "Quill" in answer.text
 
     retriever = KVRetriever(engine=ours, documents=docs, k=1)
@@ -70,6 +77,7 @@ def test_fallback_for_another_models_state_and_for_a_missing_state(smollm2, docs
     message = HumanMessage(content=state_blocks(found) + [{"type": "text", "text": "Who built the lighthouse at Varrow Point?"}])
     answer = llm.invoke([message])
     assert answer.response_metadata["kvrag_receipt"]["mode"] == "text-prefill"
+    assert {s["reason"] for s in answer.response_metadata["kvrag_receipt"]["states"] if s["source"] == "text"} == {"missing"}
     assert answer.text and answer.response_metadata["model_provider"] == "kvrag"
 
 
