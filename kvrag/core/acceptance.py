@@ -76,7 +76,7 @@ class StateAcceptance:
             raise ForeignStateError(
                 f"state {key[:12]} was computed on other hardware or kernels "
                 f"({manifest.hardware_fingerprint.device_name}, {manifest.hardware_fingerprint.cpu_capability}, "
-                f"{manifest.hardware_fingerprint.num_threads} threads); it cannot graft exactly here"
+                f"{manifest.hardware_fingerprint.num_threads or 'any number of'} threads); it cannot graft exactly here"
             )
         if any(t >= self.vocabulary for t in manifest.token_ids):
             raise IntegrityError(f"state {key[:12]} holds token ids outside the model's vocabulary of {self.vocabulary}")

@@ -72,7 +72,9 @@ class HardwareFingerprint(_Fingerprint):
     cuda_version: str | None
     compute_capability: str | None
     blas: list[str]
-    num_threads: int
+    #: torch's thread count, where the bits depend on it; None where they do not (the invariant
+    #: kernel: measured byte-identical at 1 and 2 threads), so states move between core counts
+    num_threads: int | None
     deterministic_algorithms: bool
 
 
@@ -154,8 +156,9 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def hardware_fingerprint(device: torch.device | str = "cpu") -> HardwareFingerprint:
-    """The fingerprint of the device a model runs on, read now (thread count and flags can change)."""
+def hardware_fingerprint(device: torch.device | str = "cpu", *, threads_matter: bool = True) -> HardwareFingerprint:
+    """The fingerprint of the device a model runs on, read now (thread count and flags can change).
+    `threads_matter=False` leaves the thread count out: for kernels whose bits do not depend on it."""
     device = torch.device(device)
     cuda = device.type == "cuda"
     if cuda:
@@ -172,6 +175,6 @@ def hardware_fingerprint(device: torch.device | str = "cpu") -> HardwareFingerpr
         cuda_version=torch.version.cuda if cuda else None,
         compute_capability=capability,
         blas=blas,
-        num_threads=torch.get_num_threads(),
+        num_threads=torch.get_num_threads() if threads_matter else None,
         deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
     )

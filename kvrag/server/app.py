@@ -294,8 +294,11 @@ def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastA
 
     def serve(opened: KVEngine) -> None:
         state["worker"] = Worker(opened, settings)
-        log.info("kvrag worker %d serving %s (%s) from %s", os.getpid(), settings.name, opened.fingerprint[:12],
-                 opened.store.url)
+        threads = opened.identity.hardware.num_threads
+        log.info("kvrag worker %d serving %s (%s) from %s; its states are keyed for %s", os.getpid(), settings.name,
+                 opened.fingerprint[:12], opened.store.url,
+                 f"{threads} torch threads (states made with another count are read as text)" if threads
+                 else "any thread count (the invariant kernel)")
 
     async def load() -> None:
         """The model loads while the port already answers: 503 `loading` (with Retry-After) until then."""

@@ -35,12 +35,18 @@ class EngineIdentity:
     namespace: str
     scope: str
     device: str = "cpu"
+    #: whether the bits depend on torch's thread count (every kernel but the invariant one)
+    threads_matter: bool = True
 
     @classmethod
     def of(cls, model: ModelFingerprint, device: torch.device | str, signing_key: bytes, namespace: str) -> "EngineIdentity":
-        """The identity of an engine running `model` on `device` now (this thread's torch settings)."""
-        hardware = hardware_fingerprint(device)
-        return cls(model, hardware, namespace, key_scope(signing_key, model.digest, hardware.digest, namespace), str(device))
+        """The identity of an engine running `model` on `device` now (this thread's torch settings).
+        Under the invariant kernel the thread count is left out: its bits do not depend on it
+        (measured, `tests/unit/test_fingerprints.py`), so a fleet of other core counts shares states."""
+        threads_matter = not model.attn_implementation.startswith("invariant")
+        hardware = hardware_fingerprint(device, threads_matter=threads_matter)
+        scope = key_scope(signing_key, model.digest, hardware.digest, namespace)
+        return cls(model, hardware, namespace, scope, str(device), threads_matter)
 
     @property
     def model_digest(self) -> str:
@@ -55,7 +61,7 @@ class EngineIdentity:
     def check_hardware(self) -> None:
         """Raise `ForeignStateError` when this thread no longer runs as the engine was built (torch's
         thread count or flags changed since): its states would not be this computation's bytes."""
-        now = hardware_fingerprint(self.device)
+        now = hardware_fingerprint(self.device, threads_matter=self.threads_matter)
         if now.digest != self.hardware.digest:
             raise ForeignStateError(
                 f"this process now runs with {now.num_threads} threads where the engine was built with "

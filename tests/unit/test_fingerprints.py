@@ -1,8 +1,9 @@
+import pytest
 import torch
 
-from kvrag import HardwareFingerprint, ModelFingerprint, hardware_fingerprint, load_model
+from kvrag import HardwareFingerprint, KVEngine, MemoryStore, ModelFingerprint, hardware_fingerprint, load_model
 
-from ..conftest import tiny
+from ..conftest import DOC_A, DTYPES, FAMILIES, QUESTION, tiny
 
 
 def test_model_fingerprint_covers_numeric_settings():
@@ -41,3 +42,43 @@ def test_weight_change_changes_the_fingerprint():
     model.weights_sha256 = "0" * 64
     model.__dict__.pop("fingerprint")
     assert model.fingerprint.digest != fp
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_under_the_invariant_kernel_bits_and_keys_do_not_depend_on_the_thread_count(family, dtype):
+    """The claim the fingerprint makes by leaving the thread count out: the same prompt at 1 and 2
+    threads gives the same first-token logits byte for byte, and a state deposited at 2 threads
+    grafts at 1, exactly."""
+    model = tiny(family, dtype, "invariant")
+    store = MemoryStore()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = KVEngine(model, store)
+        ref = two.deposit(DOC_A)
+        at_two = two.generate(QUESTION, states=[DOC_A], max_new_tokens=1, graft=False).receipt.first_token_logits_sha256
+        torch.set_num_threads(1)
+        one = KVEngine(model, store)
+        assert one.identity.hardware == two.identity.hardware and one.identity.hardware.num_threads is None
+        assert one.ref(DOC_A).key == ref.key
+        at_one = one.generate(QUESTION, states=[DOC_A], max_new_tokens=1, graft=False).receipt.first_token_logits_sha256
+        grafted = one.generate(QUESTION, states=[ref], max_new_tokens=1, memo=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert at_one == at_two
+    assert grafted.receipt.mode == "exact-graft" and grafted.receipt.first_token_logits_sha256 == at_two
+
+
+def test_under_sdpa_the_thread_count_stays_in_the_keys():
+    model = tiny("llama")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = KVEngine(model, MemoryStore())
+        torch.set_num_threads(1)
+        one = KVEngine(model, two.store)
+    finally:
+        torch.set_num_threads(threads)
+    assert (one.identity.hardware.num_threads, two.identity.hardware.num_threads) == (1, 2)
+    assert one.ref(DOC_A).key != two.ref(DOC_A).key
