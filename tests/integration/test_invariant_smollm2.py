@@ -51,3 +51,20 @@ def test_a_template_never_seen_reuses_a_stored_prefix_and_equals_one_stock_pass(
     assert kv.receipt.first_token_logits_sha256 == logits_sha256(stock)
     stock_tokens = [t for t in generated[0, len(ids):].tolist() if t not in engine.layout.stop_ids]
     assert kv.tokens[: len(stock_tokens)] == stock_tokens
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_invariant_kernel_gives_the_same_bits_at_1_and_2_threads(dtype):
+    """What lets the hardware fingerprint leave the thread count out under this kernel."""
+    model = load_model("smollm2-135m", dtype=dtype, attn="invariant")
+    shas = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            engine = KVEngine(model, MemoryStore())
+            shas.append(engine.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=1, graft=False)
+                        .receipt.first_token_logits_sha256)
+    finally:
+        torch.set_num_threads(threads)
+    assert shas[0] == shas[1]
