@@ -32,7 +32,7 @@ MIN_AGREEMENT = BlendLimits().min_agreement
 
 
 class GateResult(BaseModel):
-    format: Literal["kvrag.reuse.gate/1"] = "kvrag.reuse.gate/1"
+    format: Literal["kvrag.gate/1"] = "kvrag.gate/1"
     model: str
     model_fingerprint: str
     hardware_fingerprint: str

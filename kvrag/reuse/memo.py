@@ -58,7 +58,7 @@ class Provenance(BaseModel):
 
 
 class MemoEntry(BaseModel):
-    format: Literal["kvrag.reuse.memo/1"] = "kvrag.reuse.memo/1"
+    format: Literal["kvrag.memo/1"] = "kvrag.memo/1"
     memo_key: str
     query: str
     canonical: str
