@@ -12,12 +12,13 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ValidationError
 
 from kvrag.artifacts.format import decode_payload, parse_manifest
+from kvrag.core.protocol import BlendLimits
 from kvrag.errors import KVRagError, SignatureError, StateNotFoundError
-from kvrag.reuse.gate import MAX_MEAN_KL, MIN_AGREEMENT, GateResult
+from kvrag.reuse.gate import GateResult
 from kvrag.stores import Checked, DiskStore, RedisStore, StateStore
 from kvrag.trust.records import SealedRecords
-from kvrag.trust.signing import check_manifest_bytes, resolve_signing_key
-from kvrag.trust.tenants import effective_key
+from kvrag.trust.signing import check_manifest_bytes
+from kvrag.trust.tenants import key_for
 
 __all__ = ["StateInfo", "GcReport", "list_states", "list_gates", "inspect_state", "collect_garbage"]
 
@@ -70,7 +71,7 @@ def _info(tier: StateStore, key: str, signing_key: bytes | None = None) -> State
 
 def list_states(store: StateStore, signing_key: bytes | str | None = None) -> Iterator[StateInfo]:
     """Every state in every tier, its signature checked with `signing_key` (default: this user's)."""
-    key, _ = effective_key(resolve_signing_key(signing_key), store.namespace)
+    key, _ = key_for(signing_key, store.namespace)
     for tier in store.tiers:
         for state in tier.keys():
             yield _info(tier, state, key)
@@ -80,15 +81,14 @@ def list_gates(store: StateStore, signing_key: bytes | str | None = None) -> lis
     """The blend gates' verdicts in `store` that are sealed with `signing_key` (default: this
     user's key; see `kvrag.trust.signing`), oldest first; others are left out. `passed` is as an
     engine with the default `BlendLimits` judges it (a verdict made under looser limits is refused)."""
-    records = SealedRecords(store, effective_key(resolve_signing_key(signing_key), store.namespace)[0])  # type: ignore[arg-type]
+    records = SealedRecords(store, key_for(signing_key, store.namespace)[0])  # type: ignore[arg-type]
     gates = []
     for name in records.names("gate"):
         body = records.get(name)
         try:
             if body:
                 gate = GateResult.model_validate_json(body)
-                within = gate.kl_mean <= MAX_MEAN_KL and gate.argmax_agreement >= MIN_AGREEMENT
-                gates.append(gate.model_copy(update={"passed": gate.passed and within}))
+                gates.append(gate.model_copy(update={"passed": gate.allows(BlendLimits())}))
         except ValidationError:
             continue
     return sorted(gates, key=lambda g: g.at)
@@ -98,7 +98,7 @@ def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None =
     """The manifest of `key` in each tier that has it, its signature checked on the stored bytes
     with `signing_key` (default: this user's), and whether its payload checks out there."""
     found: dict[str, Any] = {}
-    signer, _ = effective_key(resolve_signing_key(signing_key), store.namespace)
+    signer, _ = key_for(signing_key, store.namespace)
     for tier in store.tiers:
         raw = tier.read_manifest(key)
         if raw is None:

@@ -58,7 +58,7 @@ def sha256_hex(data: Any) -> str:
 
 def state_key(scope: str, parent_key: str | None, token_ids: list[int]) -> str:
     """Content address of a state: the same tokens after the same chain in the same scope (model
-    fingerprint, hardware, namespace and signing key; see `kvrag.core.schedule.key_scope`)."""
+    fingerprint, hardware, namespace and signing key; see `kvrag.trust.identity.key_scope`)."""
     digest = hashlib.sha256()
     digest.update(b"kvrag-state-key\x00")
     digest.update(scope.encode())

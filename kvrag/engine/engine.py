@@ -47,8 +47,7 @@ from kvrag.stores import StateStore, open_store
 from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
-from kvrag.trust.signing import resolve_signing_key
-from kvrag.trust.tenants import effective_key
+from kvrag.trust.tenants import key_for
 
 log = logging.getLogger("kvrag")
 
@@ -87,8 +86,7 @@ class KVEngine:
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
         #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
-        self.signing_key, self.namespace = effective_key(resolve_signing_key(signing_key),
-                                                         self.store.namespace if namespace is None else namespace)
+        self.signing_key, self.namespace = key_for(signing_key, self.store.namespace if namespace is None else namespace)
         self.allow_unsigned = allow_unsigned
         if not 0 < deadline_s <= 3600:
             raise InputError("deadline_s must be more than 0 and at most 3600 seconds")

@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field, ValidationError
 from kvrag.core.continuation import Continuation
 from kvrag.core.protocol import BlendLimits, Engine
 from kvrag.errors import InputError
-from kvrag.stores.deadline import Deadline
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
+from kvrag.stores.deadline import Deadline
 
 __all__ = ["GateResult", "BlendGate", "MAX_MEAN_KL", "MIN_AGREEMENT", "kl_divergence"]
 
@@ -46,6 +46,11 @@ class GateResult(BaseModel):
     min_agreement: float
     passed: bool
     at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+    def allows(self, limits: BlendLimits) -> bool:
+        """Whether this verdict lets a blend through under `limits`: it passed, and its measured
+        figures are within them, whatever thresholds it was made under."""
+        return self.passed and self.kl_mean <= limits.max_mean_kl and self.argmax_agreement >= limits.min_agreement
 
 
 def kl_divergence(exact: torch.Tensor, approximate: torch.Tensor) -> float:
@@ -134,8 +139,7 @@ class BlendGate:
             return (f"blending is not calibrated for {self.engine.model.name} at ratio {ratio:.2f}; "
                     "run `kvrag calibrate` (or engine.gate.calibrate()) first")
         limits = self.engine.blend_limits
-        within = result.kl_mean <= limits.max_mean_kl and result.argmax_agreement >= limits.min_agreement
-        if not (result.passed and within):
+        if not result.allows(limits):
             return (f"the blend gate refused {result.model} at ratio {result.ratio:.2f}: mean KL {result.kl_mean:.3g} "
                     f"(at most {min(result.max_mean_kl, limits.max_mean_kl):g}), argmax agreement "
                     f"{result.argmax_agreement:.0%} (at least {max(result.min_agreement, limits.min_agreement):.0%}) "

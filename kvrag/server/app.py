@@ -44,11 +44,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvrag.server import openai_api as api
-from kvrag.server import metrics
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import ContextTooLongError, InputError, KVRagError
+from kvrag.server import metrics
+from kvrag.server import openai_api as api
 from kvrag.server.openai_api import ApiError, ChatRequest, CompletionRequest
 
 __all__ = ["ApiKey", "ServeSettings", "create_app", "app_from_environment", "SETTINGS_ENV"]

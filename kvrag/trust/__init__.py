@@ -5,7 +5,7 @@ address is derived from (`identity`)."""
 from kvrag.trust.identity import EngineIdentity, key_scope
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import KEY_ENV, resolve_signing_key
-from kvrag.trust.tenants import derive_tenant_key, effective_key, tenant_of
+from kvrag.trust.tenants import derive_tenant_key, effective_key, key_for, tenant_of
 
 __all__ = ["EngineIdentity", "key_scope", "SealedRecords", "KEY_ENV", "resolve_signing_key", "derive_tenant_key",
-           "effective_key", "tenant_of"]
+           "effective_key", "key_for", "tenant_of"]

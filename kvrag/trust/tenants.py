@@ -17,8 +17,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from kvrag.errors import InputError
+from kvrag.trust.signing import resolve_signing_key
 
-__all__ = ["TENANT_KEY_PREFIX", "derive_tenant_key", "tenant_of", "effective_key", "check_namespace"]
+__all__ = ["TENANT_KEY_PREFIX", "derive_tenant_key", "tenant_of", "effective_key", "key_for", "check_namespace"]
 
 TENANT_KEY_PREFIX = b"kvrag-tenant/1:"
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
@@ -58,3 +59,9 @@ def effective_key(key: bytes, namespace: str | None) -> tuple[bytes, str]:
     if not namespace:
         return key, ""
     return derive_tenant_key(key, check_namespace(namespace)), namespace
+
+
+def key_for(key: bytes | str | None, namespace: str | None) -> tuple[bytes, str]:
+    """`effective_key` of the key `resolve_signing_key` finds (`key`, `$KVRAG_SIGNING_KEY`, the
+    user's key file): what every reader and writer of a store's namespace signs and checks with."""
+    return effective_key(resolve_signing_key(key), namespace)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from kvrag.trust.signing import check_manifest_bytes, sign_manifest_bytes
 from kvrag.errors import SignatureError
+from kvrag.trust.signing import check_manifest_bytes, sign_manifest_bytes
 
 from ..conftest import DOC_A, QUESTION
 from .conftest import engine, text_logits

@@ -14,7 +14,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generati
 
 from kvrag.errors import StoreError
 from kvrag.stores import DEFAULT_DEADLINE_S, Deadline, StateStore, open_store
-from kvrag.trust import SealedRecords, effective_key, resolve_signing_key
+from kvrag.trust import SealedRecords, key_for
 
 __all__ = ["KVCache"]
 
@@ -40,7 +40,7 @@ class KVCache(BaseCache):
         self.store = store if isinstance(store, StateStore) else open_store(store)
         self.ttl = ttl
         self.deadline_s = deadline_s  # the most a lookup waits on the store: then it is a miss
-        key, _ = effective_key(resolve_signing_key(signing_key), self.store.namespace)  # a tenant's, for a namespace
+        key, _ = key_for(signing_key, self.store.namespace)  # a tenant's, for a namespace
         self._records = SealedRecords(self.store, key, allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
 
     @staticmethod

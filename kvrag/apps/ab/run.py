@@ -95,7 +95,8 @@ def run_ab(
     warmer = ChainWarmer(engine) if warm_chains else None
     gate = None
     if blend is not None:
-        gate = BlendGate(engine).result(blend) or BlendGate(engine).calibrate([str(d["text"]) for d in docs], ratio=blend)
+        blend_gate = BlendGate(engine)
+        gate = blend_gate.result(blend) or blend_gate.calibrate([str(d["text"]) for d in docs], ratio=blend)
     rows: list[ABRow] = []
     for number, q in enumerate(questions, 1):
         rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend))

@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator
 from kvrag.artifacts.format import parse_manifest
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
-from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameLayout, make_layout, parse_layout
 from kvrag.stores.deadline import Breaker
+from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameLayout, make_layout, parse_layout
 from kvrag.stores.redis.wire import FramePool, Redirected
 
 __all__ = ["RedisStore"]
