@@ -183,10 +183,11 @@ class StateStore(Guarded, ABC):
 
     def holds(self, key: str, deadline: Deadline | None = None) -> bool:
         """`complete(key)` through this tier's guard: within `deadline`, skipped while the breaker is
-        open; a tier that fails to answer in time counts as not holding it."""
+        open; a tier that fails to answer in time, or whose stored record does not parse, counts as
+        not holding it (never an error: callers only decide whether to read or deposit)."""
         try:
             return self.guarded(lambda: self.complete(key), deadline, f"checking {key[:12]} in {self.url}")
-        except StoreError:
+        except (StoreError, StateError, *UNTRUSTED_PARSE_ERRORS):
             return False
 
     @property

@@ -32,3 +32,19 @@ def test_a_cache_whose_store_is_down_is_a_miss_and_never_fails_the_call(server):
     server.stop(kill=True)
     assert cache.lookup("prompt", "llm") is None
     cache.update("prompt", "llm", [ChatGeneration(message=AIMessage(content="fine"))])  # logged, not raised
+
+
+def test_a_cache_lookup_waits_at_most_its_deadline_on_a_paused_store(server):
+    import redis
+
+    from .conftest import MODEL_MARGIN_S, timed
+
+    cache = KVCache(server.url, deadline_s=1.0)
+    cache.update("prompt", "llm", [ChatGeneration(message=AIMessage(content="stored"))])
+    redis.Redis(port=server.port).execute_command("CLIENT", "PAUSE", 10_000, "ALL")
+    try:
+        found, took = timed(lambda: cache.lookup("prompt", "llm"))
+    finally:
+        redis.Redis(port=server.port).execute_command("CLIENT", "UNPAUSE")
+    assert found is None and took < 1.0 + MODEL_MARGIN_S, took
+    assert cache.lookup("prompt", "llm")[0].message.content == "stored"  # the same lookup, once it answers

@@ -45,3 +45,25 @@ def test_a_record_whose_frame_size_disagrees_with_the_manifest_is_refused(server
     answer = victim.generate(QUESTION, states=[ref], max_new_tokens=1)
     assert answer.receipt.states[0].reason == "integrity"
     assert answer.receipt.first_token_logits_sha256 == text_logits()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "invariant"])  # invariant: its answers ask whether states are whole
+def test_a_record_listing_more_frames_than_any_state_has_is_refused_before_one_is_asked_for(server, attn):
+    from kvrag import KVEngine
+    from kvrag.stores.redis.frames import MAX_FRAMES
+
+    from ..conftest import tiny
+    from .conftest import DEADLINE_S
+
+    victim = KVEngine(tiny("llama", "float32", attn), server.url, deadline_s=DEADLINE_S)
+    ref = victim.deposit(DOC_A)
+    name = f"kvrag:{{{ref.key}}}:m"
+    record = json.loads(_raw(server).get(name))
+    count = MAX_FRAMES + 1  # consistent in itself: that many one-byte frames
+    record.update(payload_bytes=count, frame_bytes=1, frames=["0" * 64] * count)
+    _raw(server).set(name, json.dumps(record))
+    before = _raw(server).info("commandstats").get("cmdstat_exists", {}).get("calls", 0)
+    assert not victim.deposited(ref)  # the completeness check refuses it
+    assert _raw(server).info("commandstats").get("cmdstat_exists", {}).get("calls", 0) == before
+    answer = victim.generate(QUESTION, states=[ref], max_new_tokens=1)
+    assert answer.receipt.mode == "text-prefill" and answer.receipt.states[0].reason == "integrity"

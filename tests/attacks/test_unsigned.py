@@ -74,3 +74,18 @@ def test_the_default_key_is_per_user_and_private(tmp_path, monkeypatch):
     assert KVEngine(tiny("llama"), MemoryStore()).signing_key == first and len(first) == 64
     mode = stat.S_IMODE(os.stat(default_key_path()).st_mode)
     assert mode == 0o600 and default_key_path().parent == tmp_path
+
+
+def test_ls_and_inspect_report_a_signature_as_checked_not_as_present(server):
+    from kvrag.apps.maintenance import inspect_state, list_states
+
+    victim = engine(server.url)
+    own, planted, foreign = (victim.deposit(text) for text in (DOC_A, "A second text.", "A third text."))
+    _planted(victim, planted, "none")
+    _planted(victim, foreign, "another key")  # a signature is present, and it is not ours
+    verdicts = {i.key: i.signature for i in list_states(victim.store, victim.signing_key)}
+    assert verdicts == {own.key: "valid", planted.key: "unsigned", foreign.key: "not your key"}
+    assert [e["signature"] for e in inspect_state(victim.store, foreign.key, victim.signing_key).values()] == \
+        ["not your key"]
+    assert all("but the signature is not your key" in e["payload"]
+               for e in inspect_state(victim.store, foreign.key, victim.signing_key).values())

@@ -134,6 +134,8 @@ def test_text_completions_read_the_prompt_as_one_user_message(server_a, local):
 
 
 def test_models_health_and_metrics(server_a):
+    for _ in range(2):  # answers of its own to count (the second grafts), whatever ran before
+        ask(server_a, QUESTION, [DOC_A], memo=False)
     models = client(server_a).models.list()
     assert [m.id for m in models.data] == [MODEL]
     health = httpx.get(server_a.base + "/health").json()
@@ -142,6 +144,8 @@ def test_models_health_and_metrics(server_a):
     for name in ("kvrag_requests_total", "kvrag_ttft_seconds_bucket", "kvrag_receipts_total", "kvrag_segments_total",
                  "kvrag_tokens_total"):
         assert name in text
+    # started without --api-key: it says so, and who can reach it
+    assert "no --api-key, so listening on 127.0.0.1 only (loopback)" in server_a.log.read_text()
     assert 'kvrag_receipts_total{mode="exact-graft"}' in text
 
 

@@ -45,3 +45,18 @@ def test_deposit_of_an_empty_file_fails_cleanly(tmp_path):
     result = runner.invoke(app, ["deposit", str(empty), "--model", "tiny-random-llama", "--store", f"disk://{tmp_path}"])
     assert result.exit_code == 2 and "empty" in result.output
     assert not (tmp_path / "states").exists()
+
+
+def test_serve_says_who_can_reach_it_and_warns_off_loopback_without_a_key(monkeypatch):
+    import uvicorn
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: started.append(kwargs["host"]))  # no socket bound
+    common = ["serve", "--model", "tiny-random-llama", "--store", "memory://"]
+    quiet = CliRunner().invoke(app, common)
+    loud = CliRunner().invoke(app, [*common, "--host", "0.0.0.0"])
+    keyed = CliRunner().invoke(app, [*common, "--host", "0.0.0.0", "--api-key", "a-key-0123456789"])
+    assert started == ["127.0.0.1", "0.0.0.0", "0.0.0.0"]
+    assert "listening on 127.0.0.1 only (loopback)" in quiet.output and "WARNING" not in quiet.output
+    assert "WARNING: no --api-key and listening on 0.0.0.0" in loud.output
+    assert "1 API keys for 1 tenants" in keyed.output and "WARNING" not in keyed.output
