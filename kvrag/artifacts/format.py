@@ -120,6 +120,8 @@ class StateManifest(BaseModel):
     payload_chunk_bytes: int = Field(default=CHUNK_BYTES, ge=1, le=1 << 30)
     payload_chunks: list[str] = Field(default_factory=list, max_length=1 << 20)
     deposit: DepositReceipt
+    #: the prompt layout the segment was cut by (`kvrag.core.prompt`; None: written before layouts were named)
+    prompt_layout: str | None = Field(default=None, max_length=32)
     signature: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @property

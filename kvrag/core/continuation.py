@@ -42,6 +42,7 @@ class Continuation:
     rerotate: bool = True  # moved keys re-rotated to their new positions (False only to measure the harm)
     notes: Sequence[str] = ()  # said in the receipt (e.g. why a blend asked for was refused)
     any_boundary: bool = False  # graft the longest stored prefix first, wherever it ends (`kvrag.reuse.prefixes`)
+    layout: str = ""  # how the prompt was laid out, said in the receipt (see `Receipt.layout`)
 
     @property
     def prompt_tokens(self) -> int:

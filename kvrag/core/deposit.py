@@ -77,6 +77,7 @@ class Depositor:
             payload_bytes=len(payload),
             payload_chunk_bytes=self.store.chunk_bytes,
             payload_chunks=chunk_digests(payload, self.store.chunk_bytes),
+            prompt_layout=segment.layout or None,
             deposit=DepositReceipt(canary_token_ids=canary, canary_logits_sha256="", fresh_logits_sha256=fresh_sha,
                                    verified=False, compute_ms=compute_ms),
         )

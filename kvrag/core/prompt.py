@@ -7,7 +7,15 @@ joined string is never re-tokenized. The schedule for k documents is
     [prefix + doc 1] [doc 2] ... [doc k] [question + suffix]
 
 where prefix and suffix come from the model's chat template (system turn, the opening of the user
-turn; the end of the user turn and the opening of the assistant turn). Each document ends in one
+turn; the end of the user turn and the opening of the assistant turn): the `chat` layout. A base
+model has no chat template; its `completion` layout is a plain completion prompt, as one writes it
+for such a model:
+
+    <bos>{system}\n\n{doc 1}\n ... {doc k}\nQuestion: {question}\nAnswer:
+
+(the tokenizer's begin-of-text token first when it adds one to plain text), and its answer ends at
+the end of its line (a base model otherwise runs on into another `Question:`). The layout's
+prefix opens every chain's first segment, so a state's key depends on its layout. Each document ends in one
 newline and the next piece starts a new word, so each boundary falls where a BPE tokenizer splits
 the joined text anyway (a blank line would not: "\\n\\n" before a word tokenizes as two newlines).
 """
@@ -15,15 +23,35 @@ the joined text anyway (a blank line would not: "\\n\\n" before a word tokenizes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
-from kvrag.errors import EmptyTextError
+from kvrag.errors import EmptyTextError, InputError
 
-__all__ = ["PromptLayout", "DEFAULT_SYSTEM_PROMPT"]
+__all__ = ["PromptLayout", "DEFAULT_SYSTEM_PROMPT", "LayoutKind", "LAYOUTS", "has_chat_template", "bos_ids"]
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer the question using the documents."
 _SENTINEL = "\x00KVRAG-USER-CONTENT\x00"
-_FALLBACK_TEMPLATE = ("{system}\n\n", "\n\nAnswer: ")
+
+#: `chat`: the model's chat template; `completion`: a plain completion prompt (base models)
+LayoutKind = Literal["chat", "completion"]
+LAYOUTS: tuple[str, ...] = get_args(LayoutKind)
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def bos_ids(tokenizer: Any) -> list[int]:
+    """The begin-of-text id the tokenizer puts before plain text by default (Gemma's `<bos>`), or none:
+    what a stock `tokenizer(text)` reads first, so a completion prompt starts as it would."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return []
+    try:
+        probe = tokenizer("a")["input_ids"]
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode a letter has no default to follow
+        return []
+    return [bos] if probe and probe[0] == bos else []
 
 
 @dataclass(frozen=True)
@@ -34,16 +62,30 @@ class PromptLayout:
     prefix_ids: tuple[int, ...]
     suffix_ids: tuple[int, ...]
     stop_ids: frozenset[int]
+    kind: LayoutKind = "chat"
+    #: where an answer to `question_ids` ends, unless the caller gives its own stops
+    answer_stops: tuple[str, ...] = ()
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> "PromptLayout":
-        prefix, suffix = _split_template(tokenizer, system_prompt)
-        stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        for token in ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
-            token_id = tokenizer.convert_tokens_to_ids(token)
-            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
-                stop.add(token_id)
-        return cls(tokenizer, _ids(tokenizer, prefix), _ids(tokenizer, suffix), frozenset(stop))
+    def for_tokenizer(cls, tokenizer: Any, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+                      kind: LayoutKind | None = None) -> "PromptLayout":
+        """The layout for `tokenizer`: `chat` when it has a chat template, else `completion`
+        (`kind` forces one; `chat` without a template is refused)."""
+        if kind is None:
+            try:
+                return cls.for_tokenizer(tokenizer, system_prompt, "chat" if has_chat_template(tokenizer) else "completion")
+            except InputError:  # a template that cannot render a system and a user turn
+                return cls.for_tokenizer(tokenizer, system_prompt, "completion")
+        if kind not in LAYOUTS:
+            raise InputError(f"unknown prompt layout {kind!r}; use one of {', '.join(LAYOUTS)}")
+        stop = stop_ids_of(tokenizer)
+        if kind == "completion":
+            prefix = tuple(bos_ids(tokenizer)) + tuple(_ids(tokenizer, f"{system_prompt}\n\n" if system_prompt else ""))
+            return cls(tokenizer, prefix, tuple(_ids(tokenizer, "\nAnswer:")), stop, "completion", ("\n",))
+        if not has_chat_template(tokenizer):
+            raise InputError("this model has no chat template; use the completion layout (--layout completion)")
+        prefix_text, suffix_text = _split_template(tokenizer, system_prompt)
+        return cls(tokenizer, _ids(tokenizer, prefix_text), _ids(tokenizer, suffix_text), stop, "chat")
 
     def document_ids(self, text: str) -> list[int]:
         """The ids of one document's segment (without the prefix)."""
@@ -52,7 +94,8 @@ class PromptLayout:
         return _ids(self.tokenizer, text.rstrip() + "\n")
 
     def question_ids(self, question: str) -> list[int]:
-        """The ids of the final segment: the question and the opening of the assistant turn."""
+        """The ids of the final segment: the question and the answer cue (the opening of the
+        assistant turn, or `\nAnswer:`)."""
         if not question or not question.strip():
             raise EmptyTextError("the query is empty; ask a question with at least one word")
         return _ids(self.tokenizer, "Question: " + question.strip()) + list(self.suffix_ids)
@@ -63,13 +106,21 @@ class PromptLayout:
         return list(self.prefix_ids) + ids if first else ids
 
 
+def stop_ids_of(tokenizer: Any) -> frozenset[int]:
+    """The ids that end an answer: end of text, and the end-of-turn tokens templates use."""
+    stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for token in ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            stop.add(token_id)
+    return frozenset(stop)
+
+
 def _ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
 def _split_template(tokenizer: Any, system_prompt: str) -> tuple[str, str]:
-    if not getattr(tokenizer, "chat_template", None):
-        return _FALLBACK_TEMPLATE[0].format(system=system_prompt), _FALLBACK_TEMPLATE[1]
     attempts = [
         [{"role": "system", "content": system_prompt}, {"role": "user", "content": _SENTINEL}],
         [{"role": "user", "content": f"{system_prompt}\n\n{_SENTINEL}"}],  # templates without a system role
@@ -82,4 +133,4 @@ def _split_template(tokenizer: Any, system_prompt: str) -> tuple[str, str]:
         if isinstance(rendered, str) and rendered.count(_SENTINEL) == 1:
             prefix, suffix = rendered.split(_SENTINEL)
             return prefix, suffix
-    return _FALLBACK_TEMPLATE[0].format(system=system_prompt), _FALLBACK_TEMPLATE[1]
+    raise InputError("the model's chat template cannot render a system and a user turn; use the completion layout")

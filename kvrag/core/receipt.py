@@ -81,6 +81,11 @@ class Receipt(BaseModel):
     recompute_ratio: float | None = None
     #: anything else the caller should know (e.g. a blend asked for and refused by the gate)
     notes: list[str] = []
+    #: how the prompt was laid out: `chat` or `completion` (kvrag's layouts for documents and a
+    #: question, `kvrag.core.prompt`), `chat-template` or `plain-chat` (messages rendered by the
+    #: model's chat template, or the fallback for a model without one), `prompt` (a completion
+    #: prompt read as given)
+    layout: str = ""
 
     @property
     def fallbacks(self) -> list[StateUse]:

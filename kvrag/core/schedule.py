@@ -33,6 +33,8 @@ class Segment:
     key: str
     parent_key: str | None
     start: int
+    #: the prompt layout it was cut by (`chat`, `completion`, or a rendered prompt's form)
+    layout: str = ""
 
     @property
     def end(self) -> int:
@@ -72,11 +74,11 @@ class Planner:
     def key(self, parent_key: str | None, ids: Sequence[int]) -> str:
         return state_key(self.identity.scope, parent_key, list(ids))
 
-    def segment(self, text: str, ids: Sequence[int], after: Segment | StateRef | None) -> Segment:
-        """The segment of `ids` continuing `after` (or starting the prompt)."""
+    def segment(self, text: str, ids: Sequence[int], after: Segment | StateRef | None, layout: str | None = None) -> Segment:
+        """The segment of `ids` continuing `after` (or starting the prompt), cut by `layout` (default: the planner's)."""
         parent = after.key if after is not None else None
         start = after.end if after is not None else 0
-        return Segment(text, list(ids), self.key(parent, ids), parent, start)
+        return Segment(text, list(ids), self.key(parent, ids), parent, start, layout or self.layout.kind)
 
     def check_size(self, text: str) -> str:
         """`text`, unless it is too long to fit the model whatever its tokens (refused before tokenizing)."""
@@ -87,11 +89,11 @@ class Planner:
             )
         return text
 
-    def chain(self, pieces: Sequence[tuple[str, Sequence[int]]]) -> list[Segment]:
+    def chain(self, pieces: Sequence[tuple[str, Sequence[int]]], layout: str | None = None) -> list[Segment]:
         """The segments of pieces (text, ids) read one after another from the start of a prompt."""
         segments: list[Segment] = []
         for text, ids in pieces:
-            segments.append(self.segment(text, ids, segments[-1] if segments else None))
+            segments.append(self.segment(text, ids, segments[-1] if segments else None, layout))
         return segments
 
     def documents(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[Segment]:

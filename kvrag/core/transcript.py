@@ -14,6 +14,12 @@ where they differ, and their common segments are the same content-addressed stat
 template puts around the documents is part of what is stored, and the same template reuses it.
 Everything after the last cut is the feed. The text path reads the same segments, so a graft is
 exact against it.
+
+A model without a chat template (a base model) gets chat messages in a documented plain form,
+`System: ...\n\nUser: ...\n\nAssistant:` after its begin-of-text token, and its answer ends
+where it starts a new `\nUser:` turn. A completion prompt (`render_prompt`) is read as given, after
+the begin-of-text token a stock `tokenizer(prompt)` puts first: exactly what `model.generate` on it
+would read.
 """
 
 from __future__ import annotations
@@ -23,9 +29,13 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kvrag.core.prompt import bos_ids, has_chat_template
 from kvrag.errors import EmptyTextError, InputError
 
-__all__ = ["Message", "Transcript", "Renderer", "MIN_SEGMENT_TOKENS", "messages_of"]
+__all__ = ["Message", "Transcript", "Renderer", "MIN_SEGMENT_TOKENS", "messages_of", "PLAIN_CHAT_STOPS"]
+
+#: where an answer to plainly rendered chat messages ends (a base model runs on into the next turn)
+PLAIN_CHAT_STOPS = ("\nUser:",)
 
 #: The fewest tokens between two cuts made at line ends (message ends are always cut).
 MIN_SEGMENT_TOKENS = 32
@@ -81,6 +91,22 @@ class Renderer:
         self.tokenizer = tokenizer
         self.min_segment_tokens = min_segment_tokens
         self._line_ends: dict[int, bool] = {}
+        #: `template` (the model's chat template) or `plain` (the documented fallback)
+        self.chat_form = "template" if has_chat_template(tokenizer) else "plain"
+        #: a chat template writes its own begin-of-text token; plain text gets the tokenizer's
+        self._bos = [] if self.chat_form == "template" else bos_ids(tokenizer)
+        #: where a chat answer ends unless the caller says
+        self.chat_stops: tuple[str, ...] = () if self.chat_form == "template" else PLAIN_CHAT_STOPS
+
+    def render_prompt(self, prompt: str) -> Transcript:
+        """A completion prompt read as given (after the tokenizer's begin-of-text token), cut at line ends."""
+        if not prompt or not prompt.strip():
+            raise EmptyTextError("the prompt is empty; send text with at least one word")
+        ids = bos_ids(self.tokenizer) + self._plain_ids(prompt)
+        cuts = self._cuts(ids, set())
+        bounds = [0, *cuts, len(ids)]
+        pieces = [self.tokenizer.decode(ids[a:b]) for a, b in zip(bounds, bounds[1:])]
+        return Transcript(prompt, ids, cuts, pieces)
 
     def render(self, messages: Sequence[Message], *, generation_prompt: bool = True) -> Transcript:
         """The prompt for `messages` (with the opening of the assistant's turn when
@@ -121,10 +147,13 @@ class Renderer:
         return known
 
     def _ids(self, text: str) -> list[int]:
+        return self._bos + self._plain_ids(text) if text else []
+
+    def _plain_ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
     def _text(self, messages: list[Message], generation_prompt: bool) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
+        if self.chat_form == "plain":
             names = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
             text = "".join(f"{names[m.role]}: {m.content}\n\n" for m in messages)
             return text + ("Assistant:" if generation_prompt else "")

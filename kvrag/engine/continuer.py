@@ -214,6 +214,7 @@ class Continuer:
             sampling=sampler.sampling,
             recompute_ratio=c.blend if any(u.source == "approximate" for u in uses) else None,
             notes=list(c.notes),
+            layout=c.layout,
         )
         return Generation(text=text.text.strip(), tokens=list(c.known) + tokens, receipt=receipt,
                           first_token_logits=first_logits, finish_reason="stop" if text.done else "length")

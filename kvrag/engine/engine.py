@@ -28,13 +28,13 @@ from kvrag.core.acceptance import Restored, StateAcceptance
 from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.deposit import CANARY_QUESTION, Depositor
-from kvrag.core.prompt import DEFAULT_SYSTEM_PROMPT, PromptLayout
+from kvrag.core.prompt import DEFAULT_SYSTEM_PROMPT, LayoutKind, PromptLayout
 from kvrag.core.protocol import AskOptions, BlendLimits, ChatOptions
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import ModelRunner, logits_sha256
 from kvrag.core.sampling import Sampling
 from kvrag.core.schedule import Planner, Segment, StateRef
-from kvrag.core.transcript import Message, Renderer, messages_of
+from kvrag.core.transcript import Message, Renderer, Transcript, messages_of
 from kvrag.engine.continuer import Continuer
 from kvrag.errors import InputError, KVRagError, StateError, StoreError
 from kvrag.kernels.attention import INVARIANT
@@ -75,6 +75,7 @@ class KVEngine:
         namespace: str | None = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
         blend_limits: BlendLimits | None = None,
+        layout: LayoutKind | None = None,
     ) -> None:
         """`signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key),
         an operator's key or a tenant's (`kvrag.trust.tenants`); `allow_unsigned`: also graft unsigned
@@ -82,7 +83,9 @@ class KVEngine:
         `?namespace=`, else a tenant key's own), whose derived key signs and addresses everything
         this engine stores; `deadline_s`: the most one question
         waits on store reads before the text answers; `blend_limits`: the most an approximate blend
-        may deviate from the exact path (`BlendLimits`: mean KL 0.1, agreement 0.8 unless set)."""
+        may deviate from the exact path (`BlendLimits`: mean KL 0.1, agreement 0.8 unless set);
+        `layout`: how documents and a question are laid out (`chat` for a model with a chat
+        template, `completion` for a base model without one: the default follows the model)."""
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
         #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
@@ -94,7 +97,7 @@ class KVEngine:
         self.blend_limits = blend_limits or BlendLimits()
         #: who this engine is, computed once: every key and check uses this value
         self.identity = EngineIdentity.of(model.fingerprint, model.device, self.signing_key, self.namespace)
-        self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt)
+        self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt, layout)
         self.renderer = Renderer(model.tokenizer)
         self.runner = ModelRunner(model)
         self.planner = Planner(self.layout, self.identity, model.max_positions)
@@ -265,9 +268,10 @@ class KVEngine:
             recall = self.memo.recall(query, segments, max_new_tokens, deadline)
             if recall is not None:
                 return self.run(recall)
-        stream = self.run(Continuation(segments, question, max_new_tokens, stop or (), graft, requested, approximate,
-                                       deadline=deadline, sampling=sampling, blend=ratio, notes=notes,
-                                       any_boundary=not approximate and ratio is None))
+        stream = self.run(Continuation(segments, question, max_new_tokens, stop or self.layout.answer_stops, graft,
+                                       requested, approximate, deadline=deadline, sampling=sampling, blend=ratio,
+                                       notes=notes, any_boundary=not approximate and ratio is None,
+                                       layout=self.layout.kind))
         if deposit_missing and texts:
             return GenerationStream(self._then_deposit(stream, texts))
         return stream
@@ -305,12 +309,55 @@ class KVEngine:
         for message in checked:
             self.planner.check_size(message.content)
         transcript = self.renderer.render(checked)
+        return self._run_transcript(transcript, self._chat_layout, max_new_tokens, stop or self.renderer.chat_stops,
+                                    graft, sampling, deposit_missing, checked)
+
+    @property
+    def _chat_layout(self) -> str:
+        return "chat-template" if self.renderer.chat_form == "template" else "plain-chat"
+
+    def complete(self, prompt: str, **options: Unpack[ChatOptions]) -> Generation:
+        """Continue a completion prompt; see `stream_complete`."""
+        return self.stream_complete(prompt, **options).result()
+
+    def stream_complete(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 64,
+        stop: Sequence[str] | None = None,
+        graft: bool = True,
+        deposit_missing: bool = False,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+    ) -> GenerationStream:
+        """Continue a completion prompt (a framework's formatted prompt string, OpenAI's
+        `/v1/completions`), token by token. A base model (the `completion` layout) reads it as
+        given, after its begin-of-text token, exactly as a stock `model.generate` on
+        `tokenizer(prompt)` would (receipt layout `prompt`); a chat model reads it as one user
+        message (`stream_chat`). Cut, grafted and deposited as `stream_chat` does."""
+        if self.layout.kind == "chat":
+            return self.stream_chat([Message(role="user", content=prompt)], max_new_tokens=max_new_tokens, stop=stop,
+                                    graft=graft, deposit_missing=deposit_missing, temperature=temperature,
+                                    top_p=top_p, top_k=top_k, seed=seed)
+        sampling = _sampling(max_new_tokens, temperature, top_p, top_k, seed)
+        transcript = self.renderer.render_prompt(self.planner.check_size(prompt))
+        return self._run_transcript(transcript, "prompt", max_new_tokens, stop or (), graft, sampling,
+                                    deposit_missing, None)
+
+    def _run_transcript(self, transcript: Transcript, layout: str, max_new_tokens: int, stop: Sequence[str],
+                        graft: bool, sampling: Sampling, deposit_missing: bool,
+                        messages: list[Message] | None) -> GenerationStream:
         self.planner.check_length(len(transcript.ids))
-        *context, feed = self.planner.chain(transcript.pieces())
-        stream = self.run(Continuation(context, feed.ids, max_new_tokens, stop or (), graft,
-                                       deadline=Deadline(self.deadline_s), sampling=sampling, any_boundary=True))
+        *context, feed = self.planner.chain(transcript.pieces(), layout)
+        stream = self.run(Continuation(context, feed.ids, max_new_tokens, stop, graft, deadline=Deadline(self.deadline_s),
+                                       sampling=sampling, any_boundary=True, layout=layout))
         if deposit_missing:
-            return GenerationStream(self._then_deposit_turn(stream, checked, context))
+            if messages is None:
+                return GenerationStream(self._then_deposit_segments(stream, context))
+            return GenerationStream(self._then_deposit_turn(stream, messages, context))
         return stream
 
     def deposit_chat(self, messages: Sequence[Message | dict[str, Any]]) -> list[StateRef]:
@@ -318,7 +365,7 @@ class KVEngine:
         new segment), so the first ask that continues it grafts them."""
         transcript = self.renderer.render(messages_of(messages), generation_prompt=False)
         self.planner.check_length(len(transcript.ids))
-        segments = self.planner.chain(transcript.pieces())
+        segments = self.planner.chain(transcript.pieces(), self._chat_layout)
         self._deposit_segments(segments)
         return [self.planner.ref(s) for s in segments]
 
@@ -333,13 +380,24 @@ class KVEngine:
             segments = context
             if any(m.role == "assistant" for m in messages) and generation.text:
                 answered = [*messages, Message(role="assistant", content=generation.text)]
-                following = self.planner.chain(self.renderer.render(answered, generation_prompt=False).pieces())
+                following = self.planner.chain(self.renderer.render(answered, generation_prompt=False).pieces(),
+                                               self._chat_layout)
                 if [s.key for s in following[: len(context)]] == [s.key for s in context]:
                     segments = following
             if segments is not context or any(u.source != "graft" for u in generation.receipt.states):
                 self._deposit_segments(segments)
         except KVRagError as e:  # the answer stands; the next ask re-reads the text
             log.warning("answered, but could not deposit the conversation afterwards: %s", e)
+        return generation
+
+    def _then_deposit_segments(self, stream: GenerationStream, context: list[Segment]) -> Iterator[str]:
+        yield from stream
+        generation = stream.result()
+        if any(u.source != "graft" for u in generation.receipt.states):
+            try:
+                self._deposit_segments(context)
+            except KVRagError as e:  # the answer stands; the next ask re-reads the text
+                log.warning("answered, but could not deposit the prompt afterwards: %s", e)
         return generation
 
     def _own_ref(self, text: str) -> StateRef | str:

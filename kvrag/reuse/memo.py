@@ -201,7 +201,8 @@ class Memo:
             provenance=provenance,
         )
         if verified:
-            recalled = engine.run(self._continuation(entry, segments, segment, len(remaining) + 1)).result()
+            recalled = engine.run(self._continuation(entry, segments, segment, len(remaining) + 1, None,
+                                                     engine.layout.answer_stops, engine.layout.kind)).result()
             got = [t for t in recalled.tokens if t not in engine.layout.stop_ids]
             if got != answer_ids:
                 raise VerificationError("the memo state does not reproduce the verified answer; nothing memoized")
@@ -234,16 +235,18 @@ class Memo:
             self.engine.check(memo_segment, deadline)
         except (KVRagError, *UNTRUSTED_PARSE_ERRORS):
             return None
-        return self._continuation(entry, segments, memo_segment, max_new_tokens, deadline)
+        layout = self.engine.layout
+        return self._continuation(entry, segments, memo_segment, max_new_tokens, deadline, layout.answer_stops, layout.kind)
 
     @staticmethod
     def _continuation(entry: MemoEntry, context: Sequence[Segment], memo_segment: Segment, max_new_tokens: int,
-                      deadline: Deadline | None = None) -> Continuation:
+                      deadline: Deadline | None = None, stop: Sequence[str] = (), layout: str = "") -> Continuation:
         """Graft the context and the memo state, feed the next answer token, decode what remains of
         the verified answer (and its end token if it had one)."""
         known = entry.answer_ids[: len(entry.answer_ids) - entry.tail]
         limit = min(max_new_tokens, len(entry.answer_ids) - len(known) + int(entry.ended))
-        return Continuation([*context, memo_segment], [known[-1]], limit, known=known, memo=True, deadline=deadline)
+        return Continuation([*context, memo_segment], [known[-1]], limit, stop, known=known, memo=True, deadline=deadline,
+                            layout=layout)
 
     def suggestions(self, query: str, k: int = 3) -> list[tuple[MemoEntry, float]]:
         """Stored entries whose queries look like `query`: for a person to look at, never an answer."""
