@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from kvrag.cli.common import ATTN, DTYPE, MODEL, STORE, engine_for, err, fail, out, progress
+from kvrag.cli.common import ATTN, DTYPE, LAYOUT, MODEL, STORE, engine_for, err, fail, out, progress
 from kvrag.errors import KVRagError
 
 __all__ = ["register"]
@@ -26,6 +26,7 @@ def ab(
     store: Optional[str] = STORE,
     dtype: str = DTYPE,
     attn: str = ATTN,
+    layout: Optional[str] = LAYOUT,
     k: int = typer.Option(1, min=1, help="documents retrieved per question"),
     max_new_tokens: int = typer.Option(32, min=1),
     policy: str = typer.Option("lazy", help="lazy: documents deposited once, chains as questions form them; "
@@ -37,6 +38,8 @@ def ab(
                                           "chain state is missing, recomputing this share of their tokens (gated)"),
     json_path: Optional[str] = typer.Option(None, "--json", help="write the summary and rows to this file"),
     report: Optional[str] = typer.Option(None, help="write report.md and PNG plots into this folder"),
+    stock: Optional[bool] = typer.Option(None, "--stock/--no-stock", help="also run the stock completion arm: a plain "
+                                         "completion prompt and model.generate (default: for base models)"),
 ) -> None:
     """Compare text RAG and KV RAG on the same retrieval, prompt and decoding."""
     from kvrag.apps.ab import load_jsonl, run_ab, summary_rows, write_report
@@ -46,12 +49,12 @@ def ab(
     try:
         doc_rows = load_jsonl(docs or default_docs, ["id", "title", "text"])
         question_rows = load_jsonl(questions or default_questions, ["id", "question", "answers"])
-        engine = engine_for(model, store, dtype, attn)
+        engine = engine_for(model, store, dtype, attn, layout)
         with progress() as bar:
             task = bar.add_task("A/B", total=len(question_rows))
             summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_new_tokens,
                              policy=policy, order=order, corpus_chain=corpus_chain,  # type: ignore[arg-type]
-                             warm_chains=warm_chains, blend=blend, progress=lambda done, _n: bar.update(task, completed=done))
+                             warm_chains=warm_chains, blend=blend, stock=stock, progress=lambda done, _n: bar.update(task, completed=done))
         if report:
             path = write_report(summary, report)
             err.print(f"report: {path}")

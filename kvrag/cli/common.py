@@ -16,23 +16,25 @@ from kvrag.errors import KVRagError
 if TYPE_CHECKING:
     from kvrag.engine.engine import KVEngine
 
-__all__ = ["err", "out", "MODEL", "DTYPE", "ATTN", "STORE", "engine_for", "fail", "read_text", "progress"]
+__all__ = ["err", "out", "MODEL", "DTYPE", "ATTN", "STORE", "LAYOUT", "engine_for", "fail", "read_text", "progress"]
 
 err = Console(stderr=True)
 out = Console()
 
-MODEL = typer.Option("smollm2-135m", "--model", help="smollm2-135m, tiny-random-<family>, a folder or a HF id")
+MODEL = typer.Option("smollm2-135m", "--model", help="smollm2-135m, gemma3-270m, tiny-random-<family>, a folder or a HF id")
 DTYPE = typer.Option("float32", "--dtype", help="float32 or bfloat16 (states are only found by the same dtype)")
 ATTN = typer.Option("sdpa", "--attn", help="sdpa, eager or invariant (split-invariant: a graft equals one pass over the whole prompt); part of the model fingerprint")
+LAYOUT = typer.Option(None, "--layout", help="chat (the model's chat template) or completion (a plain completion "
+                      "prompt, for base models); default: chat when the model has a template. Part of every state's key")
 STORE = typer.Option(None, "--store", help="store URL, e.g. disk://./states or redis://127.0.0.1:6379/0,disk://./states "
                      "(default: disk store in the user cache)")
 
 
-def engine_for(model: str, store: Optional[str], dtype: str, attn: str) -> "KVEngine":
+def engine_for(model: str, store: Optional[str], dtype: str, attn: str, layout: Optional[str] = None) -> "KVEngine":
     """The one place the CLI builds an engine."""
     from kvrag.engine.engine import KVEngine
 
-    return KVEngine.open(model, store, dtype=dtype, attn=attn)
+    return KVEngine.open(model, store, dtype=dtype, attn=attn, layout=layout)
 
 
 def fail(e: Exception) -> None:

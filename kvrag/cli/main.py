@@ -6,10 +6,11 @@ import json
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from kvrag.cli.ab import register as register_ab
-from kvrag.cli.common import ATTN, DTYPE, MODEL, STORE, engine_for, err, fail, out, progress, read_text
+from kvrag.cli.common import ATTN, DTYPE, LAYOUT, MODEL, STORE, engine_for, err, fail, out, progress, read_text
 from kvrag.cli.library import library_app
 from kvrag.cli.serve import register as register_serve
 from kvrag.errors import KVRagError
@@ -103,13 +104,14 @@ def deposit(
     store: Optional[str] = STORE,
     dtype: str = DTYPE,
     attn: str = ATTN,
+    layout: Optional[str] = LAYOUT,
     chain: bool = typer.Option(False, help="deposit the files as one chain, in order"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Deposit documents as verified states and print their refs."""
     try:
         texts = [read_text(f) for f in files]
-        engine = engine_for(model, store, dtype, attn)
+        engine = engine_for(model, store, dtype, attn, layout)
         refs = engine.deposit_chain(texts) if chain else [engine.deposit(t) for t in texts]
     except KVRagError as e:
         fail(e)
@@ -128,13 +130,14 @@ def ask(
     store: Optional[str] = STORE,
     dtype: str = DTYPE,
     attn: str = ATTN,
+    layout: Optional[str] = LAYOUT,
     max_new_tokens: int = typer.Option(64, min=1),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Answer a question after the given documents, grafting their stored states where possible."""
     try:
         texts = [read_text(f) for f in doc]
-        engine = engine_for(model, store, dtype, attn)
+        engine = engine_for(model, store, dtype, attn, layout)
         generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens)
     except KVRagError as e:
         fail(e)
@@ -145,6 +148,58 @@ def ask(
         out.print(generation.text)
         err.print(f"[dim]{r.mode}, {r.tokens_reused} tokens reused, {r.tokens_prefilled} prefilled, "
                   f"TTFT {r.timings.ttft_ms:.0f} ms, logits {r.first_token_logits_sha256[:16]}[/]")
+
+
+@app.command(epilog="Example: OMP_NUM_THREADS=1 kvrag explain --doc lighthouse.txt --doc keeper.txt --attn sdpa")
+def explain(
+    doc: list[str] = typer.Option(..., "--doc", help="document files, in prompt order (as given to ask)"),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: str = DTYPE,
+    attn: str = ATTN,
+    layout: Optional[str] = LAYOUT,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Why would these documents not graft? For each one: whether this engine finds its state, and
+    if not, what is stored for the same text under other settings (model, dtype, kernel, thread
+    count, layout, position) and which fields differ. Only states signed with your key are read."""
+    from kvrag.errors import StateError
+
+    try:
+        texts = [read_text(f) for f in doc]
+        engine = engine_for(model, store, dtype, attn, layout)
+        rows = []
+        for path, segment in zip(doc, engine.plan(texts)):
+            try:
+                engine.check(segment)
+                verdict, reason = "grafts", None
+            except StateError as e:
+                verdict, reason = "reads text", f"{e.reason}: {e}"
+            seen = [] if verdict == "grafts" else engine.whereabouts.sightings(segment)
+            rows.append({"doc": path, "key": segment.key, "start": segment.start, "tokens": len(segment.ids),
+                         "layout": segment.layout, "verdict": verdict, "reason": reason,
+                         "elsewhere": [s.model_dump() for s in seen]})
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(json.dumps({"model": engine.model.name, "fingerprint": engine.fingerprint,
+                          "num_threads": engine.identity.hardware.num_threads, "documents": rows}, indent=2))
+        return
+    threads = engine.identity.hardware.num_threads
+    out.print(f"{engine.model.name} {dtype} {attn}, layout {engine.layout.kind}, "
+              f"{'threads ' + str(threads) if threads is not None else 'any thread count'}, store {engine.store.url}")
+    for row in rows:
+        out.print(f"[bold]{escape(row['doc'])}[/]: {row['verdict']} (state {row['key'][:12]}, {row['tokens']} tokens at {row['start']})")
+        if row["reason"]:
+            out.print(f"  {escape(row['reason'])}", soft_wrap=True)
+        for s in row["elsewhere"]:
+            out.print(f"  stored: {s['key'][:12]} ({s['model']}, {s['token_count']} tokens at {s['start']}, layout "
+                      f"{s['layout'] or '?'})", soft_wrap=True)
+            for d in s["differences"]:
+                out.print(f"    {d['field']}: {escape(d['stored'])} stored, {escape(d['needed'])} here", soft_wrap=True)
+        if row["reason"] and not row["elsewhere"]:
+            out.print("  nothing stored for this text under other settings signed with your key "
+                      "(another namespace's states are not visible)", soft_wrap=True)
 
 
 @app.command("tenant-key", epilog="Example: KVRAG_SIGNING_KEY=... kvrag tenant-key acme > acme.key   (hand acme.key to acme)")
@@ -227,6 +282,7 @@ def inspect(
             out.print(f"  model {fp['name']} ({fp['digest'][:16]}), {manifest['token_count']} tokens at "
                       f"{manifest['start']}, parent {manifest['parent_key'] or '-'}, "
                       f"{manifest['payload_bytes'] / 2**20:.1f} MiB, {len(manifest['layers'])} layers, "
+                      f"layout {manifest.get('prompt_layout') or 'unnamed'}, "
                       f"signature: {entry['signature']} (checked with your key)")
 
 

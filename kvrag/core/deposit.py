@@ -19,6 +19,7 @@ from kvrag.codecs import StatePart, extract, install
 from kvrag.core.acceptance import Restored
 from kvrag.core.runner import ModelRunner, logits_sha256
 from kvrag.core.schedule import Planner, Segment
+from kvrag.core.whereabouts import Whereabouts
 from kvrag.errors import VerificationError
 from kvrag.stores import StateStore
 from kvrag.trust.identity import EngineIdentity
@@ -32,8 +33,9 @@ CANARY_QUESTION = "Which words of the text above matter most?"
 
 class Depositor:
     def __init__(self, runner: ModelRunner, planner: Planner, store: StateStore, identity: EngineIdentity,
-                 signing_key: bytes) -> None:
+                 signing_key: bytes, whereabouts: Whereabouts | None = None) -> None:
         self.runner = runner
+        self.whereabouts = whereabouts
         self.planner = planner
         self.store = store
         self.identity = identity
@@ -96,4 +98,6 @@ class Depositor:
         manifest = unverified.model_copy(update={"deposit": deposit})
         manifest = sign_manifest(manifest, self.signing_key)
         self.store.put(segment.key, manifest.to_json_bytes(), payload)
+        if self.whereabouts is not None:
+            self.whereabouts.note(segment)
         return Restored(manifest, part)

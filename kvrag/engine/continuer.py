@@ -22,6 +22,7 @@ from kvrag.core.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import ModelRunner, logits_sha256
 from kvrag.core.schedule import Segment, StateRef
+from kvrag.core.whereabouts import Whereabouts
 from kvrag.errors import ModelError, StateError
 from kvrag.reuse.approximate import moved_graft
 from kvrag.reuse.blend import blend_into
@@ -37,8 +38,10 @@ class Continuer:
     """Runs continuations for one model, store and layout."""
 
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout, identity: EngineIdentity,
-                 deadline_s: float, prefixes: PrefixRecords | None = None) -> None:
+                 deadline_s: float, prefixes: PrefixRecords | None = None,
+                 whereabouts: Whereabouts | None = None) -> None:
         self.runner = runner
+        self.whereabouts = whereabouts
         self.prefixes = prefixes
         self.identity = identity
         self.restorer = restorer
@@ -113,6 +116,9 @@ class Continuer:
                         continue
                     except StateError as e:
                         detail += f" Not moved either: {e}"
+            if reason == "missing" and self.whereabouts is not None:  # say what is stored for it under other settings
+                elsewhere = self.whereabouts.describe(segment, deadline)
+                detail = f"{detail} {elsewhere}" if elsewhere else detail
             run.text(segment.ids)
             uses.append(StateUse(**span, source="text", reason=reason, detail=detail))  # type: ignore[arg-type]
         return uses

@@ -35,6 +35,7 @@ from kvrag.core.runner import ModelRunner, logits_sha256
 from kvrag.core.sampling import Sampling
 from kvrag.core.schedule import Planner, Segment, StateRef
 from kvrag.core.transcript import Message, Renderer, Transcript, messages_of
+from kvrag.core.whereabouts import Whereabouts
 from kvrag.engine.continuer import Continuer
 from kvrag.errors import InputError, KVRagError, StateError, StoreError
 from kvrag.kernels.attention import INVARIANT
@@ -104,11 +105,15 @@ class KVEngine:
         acceptance = StateAcceptance(self.identity, self.runner.codecs, self.signing_key, model.vocabulary,
                                      allow_unsigned=allow_unsigned)
         self.restorer = Restorer(self.store, acceptance)
-        self.depositor = Depositor(self.runner, self.planner, self.store, self.identity, self.signing_key)
         self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
+        #: where each text's states are stored, to say why one did not graft (`kvrag explain`)
+        self.whereabouts = Whereabouts(self.store, self.records, self.identity, self.signing_key)
+        self.depositor = Depositor(self.runner, self.planner, self.store, self.identity, self.signing_key,
+                                   self.whereabouts)
         #: under the invariant kernel, states serve any prompt that begins with their tokens
         self.prefixes = PrefixRecords(self.records, self.identity.scope) if model.attn == INVARIANT else None
-        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, deadline_s, self.prefixes)
+        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, deadline_s, self.prefixes,
+                                   self.whereabouts)
         self.memo = Memo(self)
         self.gate = BlendGate(self)
 

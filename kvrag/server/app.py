@@ -258,7 +258,15 @@ class Worker:
     def completion_stream(self, request: CompletionRequest, engine: KVEngine) -> Callable[[], GenerationStream]:
         chat = ChatRequest.model_validate({**request.model_dump(exclude={"prompt"}),
                                            "messages": [{"role": "user", "content": request.text}]})
-        return self.chat_stream(chat, engine)
+        if request.kvrag.documents:
+            return self.chat_stream(chat, engine)
+        options = self.options(request)
+        deposit = request.kvrag.deposit and request.kvrag.graft
+
+        def build() -> GenerationStream:  # a base model continues the prompt as given; a chat model reads one user turn
+            return engine.stream_complete(request.text, deposit_missing=deposit, **options)
+
+        return build
 
 
 def question_of(conversation: list[dict[str, str]]) -> str:

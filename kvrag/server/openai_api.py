@@ -237,7 +237,8 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    """`POST /v1/completions`: the prompt is one user message, rendered with the chat template."""
+    """`POST /v1/completions`: a base model continues the prompt as given (after its begin-of-text
+    token); a chat model reads it as one user message, rendered with its chat template."""
 
     prompt: str | list[str]
 

@@ -18,6 +18,8 @@ def summary_rows(summary: ABSummary) -> list[tuple[str, str]]:
              "decode_tokens_text", "decode_tokens_kv", "memo_hits", "full_hit_rate", "token_reuse_rate",
              "upfront_deposit_ms", "deposit_before_ms", "deposit_after_ms", "approximate_rows", "kl_mean_approximate",
              "argmax_agreement_approximate")
+    if summary.accuracy_stock is not None:
+        names = (*names[:2], "accuracy_stock", *names[2:])
     rows = [(n, f"{v:.3g}" if isinstance(v := getattr(summary, n), float) else str(v)) for n in names]
     rows.append(("mode_mix", ", ".join(f"{m} {n}" for m, n in summary.mode_mix.items())))
     rows.append(("ttft_ratio_by_mode", ", ".join(f"{m} {v:.1f}x" for m, v in summary.ttft_ratio_by_mode.items())))
@@ -93,6 +95,8 @@ def write_report(summary: ABSummary, folder: str | Path) -> Path:
            f"{s.approximate_rows}, {s.kl_mean_approximate:.3g}, {s.argmax_agreement_approximate:.2f} |"]
           if s.blend_ratio is not None else []),
         f"| accuracy, text RAG / KV RAG | {s.accuracy_text:.2f} / {s.accuracy_kv:.2f} |",
+        *([f"| accuracy, the same model on a plain completion prompt (stock transformers) | {s.accuracy_stock:.2f} |"]
+          if s.accuracy_stock is not None else []),
         f"| answer agreement (exact rows) | {s.answer_agreement:.2f} |",
         f"| first-token logits byte-exact (exact rows) | {s.logits_byte_exact_rate:.2f} |",
         f"| answer agreement with a stock `model.generate` (one pass) | {s.answer_agreement_monolithic:.2f} |",

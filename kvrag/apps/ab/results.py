@@ -26,6 +26,9 @@ class ABRow(BaseModel):
     text_answer: str
     kv_answer: str
     monolithic_answer: str
+    #: the stock completion arm's answer (base models; None: not run), and whether it holds a gold answer
+    stock_answer: str | None = None
+    stock_hit: bool | None = None
     text_hit: bool
     kv_hit: bool
     text_mode: str
@@ -59,6 +62,8 @@ class ABSummary(BaseModel):
     n: int
     accuracy_text: float
     accuracy_kv: float
+    #: the stock completion arm's accuracy (a base model's plain prompt and `model.generate`); None: not run
+    accuracy_stock: float | None = None
     answer_agreement: float
     logits_byte_exact_rate: float
     answer_agreement_monolithic: float

@@ -5,7 +5,11 @@ decoding. The text arm re-reads the retrieved documents as text, in the same tok
 segments the KV arm grafts, so the two must agree exactly; a third, conventional arm is what a
 user's own pipeline runs: the whole prompt string tokenized at once and a stock greedy
 `model.generate`. Its answers and first-token logits are reported beside them: with sdpa or eager
-its bytes differ slightly, with the invariant kernel (`attn="invariant"`) they are equal. A KV answer that contains a gold answer is verified by
+its bytes differ slightly, with the invariant kernel (`attn="invariant"`) they are equal. For a base
+model (the completion layout) a fourth, `stock` arm is what a user of that model writes without
+kvrag: the documents and `Question: ... / Answer:` as one plain completion prompt
+(`STOCK_COMPLETION`), `tokenizer(prompt)` with its default special tokens, and a stock greedy
+`model.generate`; its accuracy is printed beside both arms'. A KV answer that contains a gold answer is verified by
 that check and memoized; a later `recurring` variant of the question must then be a memo hit.
 
 The deposit policy says what was stored before each question, because that is what decides the
@@ -40,7 +44,10 @@ from kvrag.reuse.levers import ChainWarmer, CorpusChain, stored_prefix_first
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
 from kvrag.reuse.memo import Memo, Provenance
 
-__all__ = ["run_ab"]
+__all__ = ["run_ab", "STOCK_COMPLETION"]
+
+#: the stock arm's prompt: the documents, then the question and the answer cue, as plain text
+STOCK_COMPLETION = "{documents}\n\nQuestion: {question}\nAnswer:"
 
 def _hit(answer: str, golds: Sequence[str]) -> bool:
     return any(g.casefold() in answer.casefold() for g in golds)
@@ -61,7 +68,22 @@ def _monolithic(engine: Engine, texts: list[str], question: str, max_new_tokens:
             eos_token_id=stop or None, pad_token_id=stop[0] if stop else None, suppress_tokens=unwritable or None,
             output_logits=True, return_dict_in_generate=True)
     answer = [t for t in out.sequences[0, len(ids):].tolist() if t not in engine.layout.stop_ids]
-    return tokenizer.decode(answer, skip_special_tokens=True).strip(), logits_sha256(out.logits[0][0])
+    text = tokenizer.decode(answer, skip_special_tokens=True)
+    cuts = [text.find(s) for s in engine.layout.answer_stops if s in text]  # where kvrag's answer ends, too
+    return (text[: min(cuts)] if cuts else text).strip(), logits_sha256(out.logits[0][0])
+
+
+def _stock_completion(engine: Engine, texts: list[str], question: str, max_new_tokens: int) -> str:
+    """The stock arm: a plain completion prompt as a user of a base model writes it, read by stock
+    transformers calls only (its own tokenization, special tokens included, and `model.generate`)."""
+    tokenizer = engine.model.tokenizer
+    prompt = STOCK_COMPLETION.format(documents="\n\n".join(t.strip() for t in texts), question=question.strip())
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(engine.model.device)
+    eos = tokenizer.eos_token_id
+    with torch.inference_mode():
+        out = engine.model.hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                             do_sample=False, pad_token_id=eos)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
 
 
 def run_ab(
@@ -76,9 +98,11 @@ def run_ab(
     corpus_chain: bool = False,
     warm_chains: bool = False,
     blend: float | None = None,
+    stock: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ABSummary:
-    """Both arms for every question (see the module docstring for `policy` and the levers).
+    """Both arms for every question (see the module docstring for `policy` and the levers), and the
+    stock completion arm when `stock` (default: for a model laid out as `completion`).
 
     With `blend` (a recompute ratio), the KV arm blends documents whose chain state is missing
     (approximate, labelled), after calibrating the model's blend gate on `docs` if it never was;
@@ -98,8 +122,9 @@ def run_ab(
         blend_gate = BlendGate(engine)
         gate = blend_gate.result(blend) or blend_gate.calibrate([str(d["text"]) for d in docs], ratio=blend)
     rows: list[ABRow] = []
+    stock = engine.layout.kind == "completion" if stock is None else stock
     for number, q in enumerate(questions, 1):
-        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend))
+        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend, stock))
         if progress:
             progress(number, len(questions))
     levers = [name for name, on in (("stored-first", order == "stored-first"), ("corpus-chain", corpus is not None),
@@ -115,7 +140,8 @@ def run_ab(
 
 
 def _row(engine: Engine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
-         order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None) -> ABRow:
+         order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None,
+         stock: bool = False) -> ABRow:
     question, golds = str(q["question"]), [str(a) for a in q["answers"]]
     found = index.search(question, k)
     retrieved = corpus.texts if corpus is not None else [d.text for d, _ in found]
@@ -136,6 +162,7 @@ def _row(engine: Engine, index: LexicalIndex, q: dict[str, Any], k: int, max_new
         warmer.observe(retrieved)
         warmer.drain()  # after the answer, before the next question: off the answer's critical path
     mono, mono_sha = _monolithic(engine, texts, question, max_new_tokens)
+    stock_answer = _stock_completion(engine, retrieved, question, max_new_tokens) if stock else None
     memoized = False
     if kv.receipt.mode != "memo" and kv.receipt.exact and _hit(kv.text, golds):  # an approximate answer never is
         try:
@@ -149,6 +176,7 @@ def _row(engine: Engine, index: LexicalIndex, q: dict[str, Any], k: int, max_new
         doc_ids=[d.metadata["id"] for d, _ in found],
         prompt_tokens=text.receipt.tokens_prefilled,
         text_answer=text.text, kv_answer=kv.text, monolithic_answer=mono,
+        stock_answer=stock_answer, stock_hit=None if stock_answer is None else _hit(stock_answer, golds),
         logits_sha256_monolithic=mono_sha,
         text_hit=_hit(text.text, golds), kv_hit=_hit(kv.text, golds),
         text_mode=text.receipt.mode, kv_mode=kv.receipt.mode,
@@ -177,6 +205,7 @@ def _summary(engine: Engine, k: int, rows: list[ABRow], policy: Policy, levers: 
         model=engine.model.name, store=engine.store.url, k=k, n=n,
         accuracy_text=sum(r.text_hit for r in rows) / n,
         accuracy_kv=sum(r.kv_hit for r in rows) / n,
+        accuracy_stock=sum(bool(r.stock_hit) for r in rows) / n if any(r.stock_hit is not None for r in rows) else None,
         answer_agreement=sum(r.text_answer == r.kv_answer for r in exact) / max(len(exact), 1),
         logits_byte_exact_rate=sum(r.logits_sha256_text == r.logits_sha256_kv for r in exact) / max(len(exact), 1),
         answer_agreement_monolithic=sum(r.monolithic_answer == r.kv_answer for r in exact) / max(len(exact), 1),

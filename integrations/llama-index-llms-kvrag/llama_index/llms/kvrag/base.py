@@ -102,7 +102,7 @@ class KVRagLLM(CustomLLM):
             context_window=engine.model.max_positions,
             num_output=self.max_new_tokens,
             model_name=engine.model.name,
-            is_chat_model=True,
+            is_chat_model=engine.layout.kind == "chat",  # a base model gets completion prompts
         )
 
     def _stream(self, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> GenerationStream:
@@ -150,8 +150,15 @@ class KVRagLLM(CustomLLM):
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         return self._complete(prompt, kwargs)
 
+    def _prompt_stream(self, prompt: str, kwargs: dict[str, Any]) -> GenerationStream:
+        """A completion prompt continued as given on a base model, as one user message on a chat
+        model (`KVEngine.stream_complete`); documents handed over as states are grafted from them."""
+        if kwargs.get("states") is not None:
+            return self._stream([{"role": "user", "content": prompt}], kwargs)
+        return self.kv_engine().stream_complete(prompt, **self._options(kwargs))
+
     def _complete(self, prompt: str, kwargs: dict[str, Any]) -> CompletionResponse:
-        stream = self._stream([{"role": "user", "content": prompt}], kwargs)
+        stream = self._prompt_stream(prompt, kwargs)
         return CompletionResponse(text=stream.result().text, additional_kwargs=self._receipt_kwargs(stream))
 
     @llm_completion_callback()
@@ -159,7 +166,7 @@ class KVRagLLM(CustomLLM):
         return self._stream_complete(prompt, kwargs)
 
     def _stream_complete(self, prompt: str, kwargs: dict[str, Any]) -> CompletionResponseGen:
-        stream = self._stream([{"role": "user", "content": prompt}], kwargs)
+        stream = self._prompt_stream(prompt, kwargs)
 
         def gen() -> CompletionResponseGen:
             text = ""
