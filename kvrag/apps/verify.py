@@ -157,9 +157,11 @@ def verify_model(
         if progress:
             progress(index + 1, samples)
     chains = max(1, samples // 10)
-    # three whole documents (about 200-270 tokens each with a BPE tokenizer): a chain longer than a
-    # 512-token sliding window, so the later states' windows reach back into their parents
-    pool = [d for i, (d, _) in enumerate(verification_pairs(15 * chains, model.tokenizer)) if i % 5 == 2]
+    # three-sentence documents; for a model with sliding-window layers, whole documents (about
+    # 200-270 tokens each with a BPE tokenizer), so that a chain is longer than gemma3-270m's
+    # 512-token window and the later states' windows reach back into their parents
+    size = 2 if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()) else 1
+    pool = [d for i, (d, _) in enumerate(verification_pairs(15 * chains, model.tokenizer)) if i % 5 == size]
     chain_states = chain_exact = 0
     for c in range(chains):
         states, exact = _chain_check(KVEngine(model, MemoryStore()), pool[3 * c : 3 * c + 3])

@@ -150,7 +150,7 @@ def ask(
                   f"TTFT {r.timings.ttft_ms:.0f} ms, logits {r.first_token_logits_sha256[:16]}[/]")
 
 
-@app.command(epilog="Example: OMP_NUM_THREADS=1 kvrag explain --doc lighthouse.txt --doc keeper.txt --attn sdpa")
+@app.command(epilog="Example: kvrag explain --doc lighthouse.txt --doc keeper.txt --model gemma3-270m --attn sdpa --json")
 def explain(
     doc: list[str] = typer.Option(..., "--doc", help="document files, in prompt order (as given to ask)"),
     model: str = MODEL,

@@ -10,7 +10,7 @@ runner = CliRunner()
 
 
 def test_help_shows_examples():
-    commands = [["verify"], ["demo"], ["deposit"], ["ask"], ["ab"], ["calibrate"], ["ls"], ["inspect"], ["gc"], ["library"],
+    commands = [["verify"], ["demo"], ["deposit"], ["ask"], ["ab"], ["calibrate"], ["ls"], ["inspect"], ["gc"], ["explain"], ["library"],
                 ["library", "add"], ["library", "solve"]]
     for command in commands:
         result = runner.invoke(app, [*command, "--help"])
@@ -37,6 +37,28 @@ def test_deposit_then_ask_grafts(tmp_path):
     assert asked.exit_code == 0, asked.output
     receipt = json.loads(asked.stdout)["receipt"]
     assert receipt["mode"] == "exact-graft" and receipt["states"][0]["key"] == key
+
+
+def test_layout_is_chosen_on_the_command_line_and_shown_by_inspect_and_explain(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC_A)
+    common = ["--model", "tiny-random-llama", "--store", f"disk://{tmp_path / 'states'}"]
+    deposited = runner.invoke(app, ["deposit", str(doc), *common, "--layout", "completion", "--json"])
+    assert deposited.exit_code == 0, deposited.output
+    key = json.loads(deposited.stdout)[0]["key"]
+    inspected = runner.invoke(app, ["inspect", key, "--store", f"disk://{tmp_path / 'states'}"])
+    assert "layout completion" in inspected.stdout
+    asked = runner.invoke(app, ["ask", "Who built it?", "--doc", str(doc), *common, "--json", "--max-new-tokens", "2",
+                                "--layout", "completion"])
+    assert json.loads(asked.stdout)["receipt"]["layout"] == "completion"
+    assert json.loads(asked.stdout)["receipt"]["mode"] == "exact-graft"
+    explained = runner.invoke(app, ["explain", "--doc", str(doc), *common, "--json"])  # the chat layout: not stored
+    (row,) = json.loads(explained.stdout)["documents"]
+    assert row["verdict"] == "reads text" and row["layout"] == "chat"
+    assert [d["field"] for d in row["elsewhere"][0]["differences"]] == ["layout", "token_ids"]
+    assert "layout: completion stored, chat here" in runner.invoke(app, ["explain", "--doc", str(doc), *common]).stdout
+    bad = runner.invoke(app, ["ask", "Who?", "--doc", str(doc), *common, "--layout", "sonnet"])
+    assert bad.exit_code == 2 and "sonnet" in bad.output
 
 
 def test_deposit_of_an_empty_file_fails_cleanly(tmp_path):

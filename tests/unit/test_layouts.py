@@ -120,3 +120,36 @@ def test_a_state_key_depends_on_the_layout_even_for_identical_documents():
     assert engine.plan([DOC_A])[0].key != plain.plan([DOC_A])[0].key
     # the layout's prefix (begin-of-text, system text) opens the first segment
     assert engine.plan([DOC_A])[0].ids[: len(engine.layout.prefix_ids)] == list(engine.layout.prefix_ids)
+
+
+def test_v1_completions_continues_a_base_models_prompt_as_given_and_grafts_it_next_time():
+    from fastapi.testclient import TestClient
+
+    from kvrag.server.app import ServeSettings, create_app
+
+    model = base_model()
+    engine = KVEngine(model, MemoryStore())
+    prompt = f"{DOC_A}\n{DOC_B}\n\nQuestion: {QUESTION}\nAnswer:"
+    with TestClient(create_app(ServeSettings(model="tiny-random-llama"), engine)) as http:
+        body = {"model": "tiny-random-llama", "prompt": prompt, "max_tokens": 4}
+        cold, warm = http.post("/v1/completions", json=body), http.post("/v1/completions", json=body)
+    assert cold.status_code == warm.status_code == 200
+    receipt = warm.json()["kvrag_receipt"]
+    assert receipt["layout"] == "prompt" and receipt["tokens_reused"] > 0
+    assert receipt["tokens_reused"] + receipt["tokens_prefilled"] == len(model.tokenizer(prompt)["input_ids"])
+    assert warm.json()["choices"][0]["text"] == cold.json()["choices"][0]["text"]
+    assert receipt["first_token_logits_sha256"] == cold.json()["kvrag_receipt"]["first_token_logits_sha256"]
+
+
+def test_the_ab_harness_runs_the_stock_completion_arm_for_a_base_model():
+    from kvrag.apps.ab import run_ab
+    from kvrag.apps.ab.run import STOCK_COMPLETION
+
+    docs = [{"id": "a", "text": DOC_A}, {"id": "b", "text": DOC_B}]
+    questions = [{"id": "q", "question": QUESTION, "answers": ["Mara Quill"]}]
+    summary = run_ab(KVEngine(base_model(), MemoryStore()), docs, questions, max_new_tokens=3)
+    (row,) = summary.rows
+    assert row.stock_answer is not None and row.stock_hit is not None and summary.accuracy_stock is not None
+    assert "{documents}" in STOCK_COMPLETION and STOCK_COMPLETION.endswith("Answer:")
+    chat = run_ab(KVEngine(tiny("llama"), MemoryStore()), docs, questions, max_new_tokens=3)
+    assert chat.accuracy_stock is None and chat.rows[0].stock_answer is None  # a chat model: not run unless asked
