@@ -28,7 +28,7 @@ from kvrag.artifacts.format import parse_manifest
 from kvrag.core.schedule import Segment
 from kvrag.errors import KVRagError
 from kvrag.stores import StateStore
-from kvrag.stores.deadline import Deadline
+from kvrag.stores.deadline import Deadline, bounded
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import check_manifest_bytes, mac
@@ -108,14 +108,17 @@ class Whereabouts:
         except KVRagError as e:
             log.warning("could not note where state %s is: %s", segment.key[:12], e)
 
-    def sightings(self, segment: Segment, deadline: Deadline | None = None) -> list[Sighting]:
-        """The signed states of `segment`'s text under other keys, each with its differences."""
+    def sightings(self, segment: Segment, deadline: Deadline | None = None, limit: int = MAX_KEYS) -> list[Sighting]:
+        """The signed states of `segment`'s text under other keys (the `limit` most recent), each
+        with its differences."""
         found: list[Sighting] = []
         for key in self._keys(self.slot(segment.text), deadline):
-            if key == segment.key or (deadline is not None and deadline.expired):
+            if len(found) >= limit or (deadline is not None and deadline.expired):
+                break
+            if key == segment.key:
                 continue
             try:
-                raw = self.store.read_manifest(key)
+                raw = bounded(lambda key=key: self.store.read_manifest(key), deadline, f"reading state {key[:12]}'s manifest")
                 if raw is None:
                     continue
                 check_manifest_bytes(raw, self.signing_key, where=self.store.url)
@@ -129,10 +132,10 @@ class Whereabouts:
 
     def describe(self, segment: Segment, deadline: Deadline | None = None) -> str:
         """One sentence for a receipt: what is stored for this text under other settings, if anything."""
-        seen = self.sightings(segment, deadline)
+        seen = self.sightings(segment, deadline, limit=3)
         if not seen:
             return ""
-        return "Stored for the same text under other settings: " + "; ".join(s.describe() for s in seen[:3]) + "."
+        return "Stored for the same text under other settings: " + "; ".join(s.describe() for s in seen) + "."
 
 
 def _fields(prefix: str, stored: dict[str, Any], needed: dict[str, Any]) -> list[Difference]:
