@@ -41,12 +41,23 @@ def make_linear_invariant(model: Any) -> Any:
     head = model.get_output_embeddings()
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
+            if module is not head:  # the output layer's weight is the embedding's (tied): left as it is
+                _store_as_kn(module)
             module.forward = _Forward(module, transposed=False, head=module is head)
         elif isinstance(module, Conv1D):
             module.forward = _Forward(module, transposed=True, head=module is head)
     model.register_forward_pre_hook(_capture, with_kwargs=True)
     model._kvrag_invariant_linear = True
     return model
+
+
+def _store_as_kn(module: torch.nn.Linear) -> None:
+    """Keep the [N, K] weight in [K, N] memory order (same values, same shape, no copy kept), so the
+    batched product reads a contiguous [K, N] matrix: with the transposed view it was given, a CPU
+    `bmm` gave a row other bits in a batch of one block than in a batch of several (measured for
+    gemma3-270m's 1,024- and 2,048-wide inputs), so a prompt read in two calls differed from one pass."""
+    with torch.no_grad():
+        module.weight.data = module.weight.data.t().contiguous().t()
 
 
 def _capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -86,14 +97,16 @@ class _Forward:
                 positions = candidate
         if positions is None:  # called outside a captured forward: rows at positions 0, 1, ...
             positions = torch.arange(x.shape[-2])
-        out = _blocked(x, positions, weight_kn)
+        out = _blocked(x, positions, weight_kn, one_block_at_a_time=self.head)
         if module.bias is not None:
             out = out + module.bias
         return out
 
 
-def _blocked(x: torch.Tensor, positions: torch.Tensor, weight_kn: torch.Tensor) -> torch.Tensor:
-    """`x @ weight_kn` with each row computed as row `p % 16` of the 16-row block `p // 16`."""
+def _blocked(x: torch.Tensor, positions: torch.Tensor, weight_kn: torch.Tensor, *,
+             one_block_at_a_time: bool = False) -> torch.Tensor:
+    """`x @ weight_kn` with each row computed as row `p % 16` of the 16-row block `p // 16`
+    (`one_block_at_a_time`: each block its own product, for a weight that is not [K, N] in memory)."""
     *lead, rows, k = x.shape
     n = weight_kn.shape[1]
     flat = x.reshape(-1, rows, k)
@@ -106,7 +119,7 @@ def _blocked(x: torch.Tensor, positions: torch.Tensor, weight_kn: torch.Tensor) 
         total = -(-(front + rows) // ROW_BLOCK) * ROW_BLOCK
         padded = torch.nn.functional.pad(flat, (0, 0, front, total - front - rows))
         blocks = padded.reshape(batch * (total // ROW_BLOCK), ROW_BLOCK, k)
-        out = torch.bmm(blocks, weight_kn.expand(blocks.shape[0], k, n))
+        out = _bmm(blocks, weight_kn, one_block_at_a_time)
         out = out.reshape(batch, total, n)[:, front : front + rows]
     else:
         block_of = torch.div(positions, ROW_BLOCK, rounding_mode="floor")
@@ -115,6 +128,13 @@ def _blocked(x: torch.Tensor, positions: torch.Tensor, weight_kn: torch.Tensor) 
         blocks = flat.new_zeros(batch, used.numel(), ROW_BLOCK, k)
         blocks[:, slot, row] = flat
         merged = blocks.reshape(-1, ROW_BLOCK, k)
-        out = torch.bmm(merged, weight_kn.expand(merged.shape[0], k, n)).reshape(batch, used.numel(), ROW_BLOCK, n)
+        out = _bmm(merged, weight_kn, one_block_at_a_time).reshape(batch, used.numel(), ROW_BLOCK, n)
         out = out[:, slot, row]
     return out.reshape(*lead, rows, n)
+
+
+def _bmm(blocks: torch.Tensor, weight_kn: torch.Tensor, one_block_at_a_time: bool) -> torch.Tensor:
+    k, n = weight_kn.shape
+    if one_block_at_a_time and blocks.shape[0] > 1:
+        return torch.cat([torch.bmm(block[None], weight_kn[None]) for block in blocks])
+    return torch.bmm(blocks, weight_kn.expand(blocks.shape[0], k, n))

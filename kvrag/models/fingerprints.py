@@ -125,7 +125,7 @@ def model_fingerprint(model: Fingerprinted) -> ModelFingerprint:
         dtype=str(model.dtype).removeprefix("torch."),
         # under the invariant kernel the linear layers compute in 16-row blocks: states made before
         # that carry other bits and must not be found, so the kernel is named with its row block
-        attn_implementation=model.attn if model.attn != "invariant" else "invariant+rows16",
+        attn_implementation=model.attn if model.attn != "invariant" else "invariant+rows16kn",
         rope=_rope_settings(model),
         transformers_version=transformers.__version__,
     )

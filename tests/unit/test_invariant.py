@@ -172,3 +172,19 @@ def test_forged_prefix_records_graft_nothing():
     shared = next(i for i, (a, b) in enumerate(zip(other_ids, ids)) if a != b)
     assert shared < 30 and kv.receipt.tokens_reused == shared
     assert kv.receipt.first_token_logits_sha256 == logits_sha256(_one_stock_pass(model, ids))
+
+
+@pytest.mark.parametrize("k, n", [(1024, 640), (2048, 640), (640, 1024), (576, 576)])
+def test_an_invariant_linear_row_has_the_same_bits_in_one_block_or_many(k, n):
+    """gemma3-270m's 1,024- and 2,048-wide projections: a row read alone (one block) equals the
+    same row read in a long call (many blocks); a weight kept as a transposed view broke this."""
+    from kvrag.kernels.linear import _blocked, _store_as_kn
+
+    torch.manual_seed(k + n)
+    layer = torch.nn.Linear(k, n, bias=False)
+    _store_as_kn(layer)
+    x = torch.randn(1, 112, k)
+    whole = _blocked(x, torch.arange(112), layer.weight.t())
+    for start in (98, 96, 111):
+        part = _blocked(x[:, start:].contiguous(), torch.arange(start, 112), layer.weight.t())
+        assert torch.equal(part, whole[:, start:]), start
