@@ -27,6 +27,11 @@ def gemma():
 
 
 @pytest.fixture(scope="module")
+def gemma_invariant():
+    return load_model("gemma3-270m", attn="invariant")
+
+
+@pytest.fixture(scope="module")
 def engine(gemma):
     return KVEngine(gemma, MemoryStore())
 
@@ -101,8 +106,8 @@ def test_a_three_document_chain_crossing_the_window_equals_from_scratch(gemma, e
     assert graft.receipt.first_token_logits_sha256 == logits_sha256(stock)
 
 
-def test_the_invariant_kernel_equals_one_stock_pass_past_the_window():
-    model = load_model("gemma3-270m", attn="invariant")
+def test_the_invariant_kernel_equals_one_stock_pass_past_the_window(gemma_invariant):
+    model = gemma_invariant
     engine = KVEngine(model, MemoryStore())
     documents = [_long_document(model.tokenizer, 560)]
     ref = engine.deposit(documents[0])
@@ -112,6 +117,23 @@ def test_the_invariant_kernel_equals_one_stock_pass_past_the_window():
     with torch.inference_mode():  # one ordinary forward over the whole prompt
         stock = model.hf_model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
     assert graft.receipt.first_token_logits_sha256 == logits_sha256(stock)
+
+
+def test_the_invariant_kernel_gives_the_same_bits_at_1_and_2_threads(gemma_invariant):
+    """What lets the hardware fingerprint leave the thread count out under this kernel, on gemma3-270m."""
+    model = gemma_invariant
+    documents = _docs()[:2]
+    shas = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            engine = KVEngine(model, MemoryStore())
+            shas.append(engine.generate(QUESTION, states=documents, max_new_tokens=1, graft=False)
+                        .receipt.first_token_logits_sha256)
+    finally:
+        torch.set_num_threads(threads)
+    assert shas[0] == shas[1]
 
 
 def test_a_langchain_prompt_template_into_the_base_llm_grafts_the_second_time(gemma, engine):
