@@ -72,8 +72,10 @@ class TextDecoder:
         yield from self._emit(len(text) if self.done else len(text) - self._hold)
 
     def _cut(self, text: str) -> tuple[str, bool]:
-        """`text` up to the first stop string, and whether one was found."""
-        cuts = [text.find(s) for s in self.stop if s in text]
+        """`text` up to the first stop string after its leading whitespace (which is never part of
+        an answer: an answer that opens with a newline has not ended), and whether one was found."""
+        begins = len(text) - len(text.lstrip())
+        cuts = [at for at in (text.find(s, begins) for s in self.stop) if at >= 0]
         return (text[: min(cuts)], True) if cuts else (text, False)
 
     def flush(self) -> Iterator[str]:
@@ -85,7 +87,7 @@ class TextDecoder:
     def _emit(self, upto: int) -> Iterator[str]:
         if upto > self.emitted:
             delta = self.text[self.emitted : upto]
-            if self.emitted == 0:
+            if not self.text[: self.emitted].strip():  # nothing but whitespace so far: the answer has not begun
                 delta = delta.lstrip()
             self.emitted = upto
             if delta:

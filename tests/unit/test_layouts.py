@@ -153,3 +153,15 @@ def test_the_ab_harness_runs_the_stock_completion_arm_for_a_base_model():
     assert "{documents}" in STOCK_COMPLETION and STOCK_COMPLETION.endswith("Answer:")
     chat = run_ab(KVEngine(tiny("llama"), MemoryStore()), docs, questions, max_new_tokens=3)
     assert chat.accuracy_stock is None and chat.rows[0].stock_answer is None  # a chat model: not run unless asked
+
+
+def test_an_answer_that_opens_with_a_newline_has_not_ended():
+    from kvrag.core.decoding import TextDecoder
+
+    tokenizer = tiny("llama").tokenizer
+    decoder = TextDecoder(tokenizer, frozenset(), ("\n",))
+    deltas = []
+    for token in tokenizer("\n Edric Hollow\nQuestion: next", add_special_tokens=False)["input_ids"]:
+        deltas.extend(decoder.push(token))
+    deltas.extend(decoder.flush())
+    assert "".join(deltas) == "Edric Hollow" and decoder.done

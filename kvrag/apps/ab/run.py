@@ -69,7 +69,8 @@ def _monolithic(engine: Engine, texts: list[str], question: str, max_new_tokens:
             output_logits=True, return_dict_in_generate=True)
     answer = [t for t in out.sequences[0, len(ids):].tolist() if t not in engine.layout.stop_ids]
     text = tokenizer.decode(answer, skip_special_tokens=True)
-    cuts = [text.find(s) for s in engine.layout.answer_stops if s in text]  # where kvrag's answer ends, too
+    begins = len(text) - len(text.lstrip())  # where kvrag's answer ends, too (`TextDecoder`)
+    cuts = [at for at in (text.find(s, begins) for s in engine.layout.answer_stops) if at >= 0]
     return (text[: min(cuts)] if cuts else text).strip(), logits_sha256(out.logits[0][0])
 
 
