@@ -9,7 +9,7 @@ import torch
 
 from kvrag.core.receipt import Receipt
 
-__all__ = ["Generation", "GenerationStream", "TextDecoder"]
+__all__ = ["Generation", "GenerationStream", "TextDecoder", "cut_at_stops"]
 
 
 @dataclass
@@ -42,6 +42,14 @@ class GenerationStream:
         return self.generation
 
 
+def cut_at_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to the first stop string after its leading whitespace (which is never part of an
+    answer: an answer that opens with a newline has not ended), and whether one was found."""
+    begins = len(text) - len(text.lstrip())
+    cuts = [at for at in (text.find(s, begins) for s in stops if s) if at >= 0]
+    return (text[: min(cuts)], True) if cuts else (text, False)
+
+
 class TextDecoder:
     """Token ids to text deltas: whole characters only, cut at the first stop string.
 
@@ -72,11 +80,7 @@ class TextDecoder:
         yield from self._emit(len(text) if self.done else len(text) - self._hold)
 
     def _cut(self, text: str) -> tuple[str, bool]:
-        """`text` up to the first stop string after its leading whitespace (which is never part of
-        an answer: an answer that opens with a newline has not ended), and whether one was found."""
-        begins = len(text) - len(text.lstrip())
-        cuts = [at for at in (text.find(s, begins) for s in self.stop) if at >= 0]
-        return (text[: min(cuts)], True) if cuts else (text, False)
+        return cut_at_stops(text, self.stop)
 
     def flush(self) -> Iterator[str]:
         if not self.done:  # whatever is left, replacement characters included

@@ -93,8 +93,9 @@ class Renderer:
         self._line_ends: dict[int, bool] = {}
         #: `template` (the model's chat template) or `plain` (the documented fallback)
         self.chat_form = "template" if has_chat_template(tokenizer) else "plain"
-        #: a chat template writes its own begin-of-text token; plain text gets the tokenizer's
-        self._bos = [] if self.chat_form == "template" else bos_ids(tokenizer)
+        #: what a stock `tokenizer(prompt)` puts first; a chat template writes its own instead
+        self._prompt_bos = bos_ids(tokenizer)
+        self._bos = [] if self.chat_form == "template" else self._prompt_bos
         #: where a chat answer ends unless the caller says
         self.chat_stops: tuple[str, ...] = () if self.chat_form == "template" else PLAIN_CHAT_STOPS
 
@@ -102,7 +103,7 @@ class Renderer:
         """A completion prompt read as given (after the tokenizer's begin-of-text token), cut at line ends."""
         if not prompt or not prompt.strip():
             raise EmptyTextError("the prompt is empty; send text with at least one word")
-        ids = bos_ids(self.tokenizer) + self._plain_ids(prompt)
+        ids = self._prompt_bos + self._plain_ids(prompt)
         cuts = self._cuts(ids, set())
         bounds = [0, *cuts, len(ids)]
         pieces = [self.tokenizer.decode(ids[a:b]) for a, b in zip(bounds, bounds[1:])]

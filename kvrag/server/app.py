@@ -256,9 +256,9 @@ class Worker:
         return build
 
     def completion_stream(self, request: CompletionRequest, engine: KVEngine) -> Callable[[], GenerationStream]:
-        chat = ChatRequest.model_validate({**request.model_dump(exclude={"prompt"}),
-                                           "messages": [{"role": "user", "content": request.text}]})
         if request.kvrag.documents:
+            chat = ChatRequest.model_validate({**request.model_dump(exclude={"prompt"}),
+                                               "messages": [{"role": "user", "content": request.text}]})
             return self.chat_stream(chat, engine)
         options = self.options(request)
         deposit = request.kvrag.deposit and request.kvrag.graft

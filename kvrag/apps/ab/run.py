@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kvrag.apps.ab.results import ABRow, ABSummary, Order, Policy
+from kvrag.core.decoding import cut_at_stops
 from kvrag.core.protocol import Engine
 from kvrag.core.runner import logits_sha256
 from kvrag.errors import InputError, VerificationError
@@ -68,10 +69,8 @@ def _monolithic(engine: Engine, texts: list[str], question: str, max_new_tokens:
             eos_token_id=stop or None, pad_token_id=stop[0] if stop else None, suppress_tokens=unwritable or None,
             output_logits=True, return_dict_in_generate=True)
     answer = [t for t in out.sequences[0, len(ids):].tolist() if t not in engine.layout.stop_ids]
-    text = tokenizer.decode(answer, skip_special_tokens=True)
-    begins = len(text) - len(text.lstrip())  # where kvrag's answer ends, too (`TextDecoder`)
-    cuts = [at for at in (text.find(s, begins) for s in engine.layout.answer_stops) if at >= 0]
-    return (text[: min(cuts)] if cuts else text).strip(), logits_sha256(out.logits[0][0])
+    text, _ = cut_at_stops(tokenizer.decode(answer, skip_special_tokens=True), engine.layout.answer_stops)  # as kvrag's ends
+    return text.strip(), logits_sha256(out.logits[0][0])
 
 
 def _stock_completion(engine: Engine, texts: list[str], question: str, max_new_tokens: int) -> str:
