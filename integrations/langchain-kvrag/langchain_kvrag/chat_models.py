@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,10 +11,11 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict
 
-from kvrag import Generation, KVEngine
+from kvrag import Generation
 from kvrag.apps import RECEIPT_KEY, STATE_KEY, states_for
+from langchain_kvrag.engine_fields import KVEngineFields
 
 __all__ = ["ChatKVRAG"]
 
@@ -60,7 +60,7 @@ def _split(messages: list[BaseMessage]) -> tuple[list[tuple[str, str]], str]:
     return documents, "\n".join(f"{names.get(role, role.title())}: {text}" for role, text in turns)
 
 
-class ChatKVRAG(BaseChatModel):
+class ChatKVRAG(KVEngineFields, BaseChatModel):
     """Chat model over a `KVEngine`, for any LangChain pipeline unchanged: the conversation is
     rendered with the model's chat template and every part of it already stored as a verified
     state is grafted (see `KVEngine.stream_chat`); what was read as text is deposited afterwards,
@@ -74,50 +74,12 @@ class ChatKVRAG(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
-    engine: KVEngine | None = Field(default=None, exclude=True)
-    model_name: str = Field(default="smollm2-135m", alias="model")
-    store: str | None = None
-    dtype: str | None = None
-    attn: str | None = None
-    max_tokens: int = 64
-    stop: list[str] | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
     timeout: float | None = None
     max_retries: int = 0
-    deposit_missing: bool = True
-    graft: bool = True  # False: re-read every document as text, same tokens and segments (plain text RAG)
-    _opened: KVEngine | None = PrivateAttr(default=None)
-    _opening: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    @property
-    def _llm_type(self) -> str:
-        return "kvrag"
-
-    def _engine(self) -> KVEngine:
-        if self.engine is not None:
-            return self.engine
-        with self._opening:  # built once, on first use (never in the constructor), even under `batch`
-            if self._opened is None:
-                self._opened = KVEngine.open(self.model_name, self.store, dtype=self.dtype, attn=self.attn)
-        return self._opened
-
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        engine = self._engine()
-        return {"model_name": engine.model.name, "model_fingerprint": engine.fingerprint, "store": engine.store.url}
 
     def _stream_answer(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
         engine = self._engine()
-        options: dict[str, Any] = {
-            "max_new_tokens": int(kwargs.get("max_tokens", self.max_tokens)),
-            "stop": stop if stop is not None else self.stop,
-            "graft": self.graft,
-            "deposit_missing": self.deposit_missing and self.graft,
-            **{name: kwargs.get(name, getattr(self, name)) for name in ("temperature", "top_p", "top_k", "seed")},
-        }
+        options = self._options(stop, kwargs)
         documents, question = _split(messages)
         if documents:
             return engine.stream(question or " ", states=states_for(engine, documents), **options)

@@ -3,22 +3,22 @@ written for a base model: a `PromptTemplate` piped into an LLM, the prompt strin
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import LLM
 from langchain_core.outputs import GenerationChunk
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field
 
-from kvrag import GenerationStream, KVEngine
+from kvrag import GenerationStream
 from kvrag.apps import RECEIPT_KEY
+from langchain_kvrag.engine_fields import KVEngineFields
 
 __all__ = ["KVRagLLM"]
 
 
-class KVRagLLM(LLM):
+class KVRagLLM(KVEngineFields, LLM):
     """Completion model over a `KVEngine`: the formatted prompt is continued as a stock
     `model.generate` on `tokenizer(prompt)` would continue it (a base model reads it as given; a
     chat model as one user message), every part of it already stored as a verified state is
@@ -29,48 +29,10 @@ class KVRagLLM(LLM):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
-    engine: KVEngine | None = Field(default=None, exclude=True)
-    model_name: str = Field(default="gemma3-270m", alias="model")
-    store: str | None = None
-    dtype: str | None = None
-    attn: str | None = None
-    max_tokens: int = 64
-    stop: list[str] | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    deposit_missing: bool = True
-    graft: bool = True  # False: re-read the prompt as text, same tokens and segments
-    _opened: KVEngine | None = PrivateAttr(default=None)
-    _opening: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    @property
-    def _llm_type(self) -> str:
-        return "kvrag"
-
-    def _engine(self) -> KVEngine:
-        if self.engine is not None:
-            return self.engine
-        with self._opening:  # built once, on first use, even under `batch`
-            if self._opened is None:
-                self._opened = KVEngine.open(self.model_name, self.store, dtype=self.dtype, attn=self.attn)
-        return self._opened
-
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        engine = self._engine()
-        return {"model_name": engine.model.name, "model_fingerprint": engine.fingerprint, "store": engine.store.url}
+    model_name: str = Field(default="gemma3-270m", alias="model")  # a base model: what a completion model is for
 
     def _answer(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationStream:
-        return self._engine().stream_complete(
-            prompt,
-            max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
-            stop=stop if stop is not None else self.stop,
-            graft=self.graft,
-            deposit_missing=self.deposit_missing and self.graft,
-            **{name: kwargs.get(name, getattr(self, name)) for name in ("temperature", "top_p", "top_k", "seed")},
-        )
+        return self._engine().stream_complete(prompt, **self._options(stop, kwargs))
 
     def _call(self, prompt: str, stop: list[str] | None = None,
               run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> str:
