@@ -28,6 +28,25 @@ def tiny(family: str, dtype: str = "float32", attn: str = "sdpa") -> LoadedModel
     return tiny_model(family, dtype, attn)
 
 
+def first_token_sha_at_threads(model: LoadedModel, documents: list[str], question: str,
+                                counts: tuple[int, ...] = (1, 2)) -> list[str]:
+    """The text path's first-token logits SHA-256 for the same prompt at each torch thread count
+    (an engine built at each, as a process of that many threads would build it)."""
+    import torch
+
+    shas = []
+    threads = torch.get_num_threads()
+    try:
+        for count in counts:
+            torch.set_num_threads(count)
+            engine = KVEngine(model, MemoryStore())
+            shas.append(engine.generate(question, states=documents, max_new_tokens=1, graft=False)
+                        .receipt.first_token_logits_sha256)
+    finally:
+        torch.set_num_threads(threads)
+    return shas
+
+
 def resigned(engine: KVEngine, manifest: bytes | dict) -> bytes:
     """Manifest bytes (or a manifest edited as a dict) signed with `engine`'s key: what someone
     holding the key could write, so a test reaches the checks behind the signature."""

@@ -16,6 +16,8 @@ from kvrag.codecs import extract
 from kvrag.core.runner import logits_sha256
 from kvrag.data import sample_docs
 
+from ..conftest import first_token_sha_at_threads
+
 pytestmark = pytest.mark.slow
 
 QUESTION = "Who built the lighthouse at Varrow Point?"
@@ -121,18 +123,7 @@ def test_the_invariant_kernel_equals_one_stock_pass_past_the_window(gemma_invari
 
 def test_the_invariant_kernel_gives_the_same_bits_at_1_and_2_threads(gemma_invariant):
     """What lets the hardware fingerprint leave the thread count out under this kernel, on gemma3-270m."""
-    model = gemma_invariant
-    documents = _docs()[:2]
-    shas = []
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            engine = KVEngine(model, MemoryStore())
-            shas.append(engine.generate(QUESTION, states=documents, max_new_tokens=1, graft=False)
-                        .receipt.first_token_logits_sha256)
-    finally:
-        torch.set_num_threads(threads)
+    shas = first_token_sha_at_threads(gemma_invariant, _docs()[:2], QUESTION)
     assert shas[0] == shas[1]
 
 

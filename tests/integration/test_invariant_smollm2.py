@@ -9,7 +9,7 @@ from kvrag.core.runner import logits_sha256
 from kvrag.core.transcript import Message
 from kvrag.reuse.prefixes import common_prefix
 
-from ..conftest import DOC_A, DOC_B, QUESTION
+from ..conftest import DOC_A, DOC_B, QUESTION, first_token_sha_at_threads
 
 pytestmark = pytest.mark.slow
 
@@ -57,14 +57,5 @@ def test_a_template_never_seen_reuses_a_stored_prefix_and_equals_one_stock_pass(
 def test_the_invariant_kernel_gives_the_same_bits_at_1_and_2_threads(dtype):
     """What lets the hardware fingerprint leave the thread count out under this kernel."""
     model = load_model("smollm2-135m", dtype=dtype, attn="invariant")
-    shas = []
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            engine = KVEngine(model, MemoryStore())
-            shas.append(engine.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=1, graft=False)
-                        .receipt.first_token_logits_sha256)
-    finally:
-        torch.set_num_threads(threads)
+    shas = first_token_sha_at_threads(model, [DOC_A, DOC_B], QUESTION)
     assert shas[0] == shas[1]
