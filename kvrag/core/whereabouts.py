@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from kvrag.artifacts.format import parse_manifest
 from kvrag.core.schedule import Segment
 from kvrag.errors import KVRagError
-from kvrag.stores import StateStore
+from kvrag.stores import UNTRUSTED_PARSE_ERRORS, StateStore
 from kvrag.stores.deadline import Deadline, bounded
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
@@ -92,7 +92,7 @@ class Whereabouts:
             return []
         try:
             keys = json.loads(body)
-        except ValueError:
+        except UNTRUSTED_PARSE_ERRORS:  # a deeply nested body too: a miss, never an error in an answer
             return []
         if not isinstance(keys, list):
             return []

@@ -77,7 +77,8 @@ def test_forged_oversized_and_malformed_records_are_ignored():
     store.put(foreign_ref.key, manifest, foreign.store.read(foreign_ref.key).payload)
     store.put_blob(slot, seal(KEY, slot, json.dumps([foreign_ref.key]).encode()))
     assert engine.whereabouts.sightings(segment) == []
-    for body in (b"not json", b"{}", json.dumps(["x" * 64, 3, None]).encode(), b"[" + b'"' + b"a" * 64 + b'",' * 10_000):
+    for body in (b"not json", b"{}", json.dumps(["x" * 64, 3, None]).encode(), b"[" + b'"' + b"a" * 64 + b'",' * 10_000,
+                 b"[" * 1000):
         store.put_blob(slot, seal(KEY, slot, body))
         assert engine.whereabouts.sightings(segment) == []
         assert engine.generate(QUESTION, states=[DOC_A], max_new_tokens=1).receipt.mode == "text-prefill"
