@@ -82,3 +82,19 @@ def test_under_sdpa_the_thread_count_stays_in_the_keys():
         torch.set_num_threads(threads)
     assert (one.identity.hardware.num_threads, two.identity.hardware.num_threads) == (1, 2)
     assert one.ref(DOC_A).key != two.ref(DOC_A).key
+
+
+def test_states_of_the_earlier_invariant_kernels_are_never_found():
+    """The kernel's name in the fingerprint changed with its bits (rows in [K, N] order): a state
+    keyed under an earlier name is addressed elsewhere, so it is never grafted."""
+    from kvrag.trust.identity import EngineIdentity
+
+    model = tiny("llama", "float32", "invariant")
+    now = model.fingerprint
+    assert now.attn_implementation == "invariant+rows16kn"
+    key = b"k" * 32
+    current = EngineIdentity.of(now, "cpu", key, "")
+    for earlier in ("invariant", "invariant+rows16"):
+        old = now.model_copy(update={"attn_implementation": earlier})
+        assert old.digest != now.digest
+        assert EngineIdentity.of(old, "cpu", key, "").scope != current.scope
