@@ -97,7 +97,8 @@ class _Forward:
                 positions = candidate
         if positions is None:  # called outside a captured forward: rows at positions 0, 1, ...
             positions = torch.arange(x.shape[-2])
-        out = _blocked(x, positions, weight_kn, one_block_at_a_time=self.head)
+        # a weight not held in [K, N] order (the tied output layer's) takes one block per product
+        out = _blocked(x, positions, weight_kn, one_block_at_a_time=not weight_kn.is_contiguous())
         if module.bias is not None:
             out = out + module.bias
         return out
