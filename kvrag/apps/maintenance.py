@@ -16,6 +16,8 @@ from kvrag.core.protocol import BlendLimits
 from kvrag.errors import KVRagError, SignatureError, StateNotFoundError
 from kvrag.reuse.gate import GateResult
 from kvrag.stores import Checked, DiskStore, RedisStore, StateStore
+from kvrag.trust.confidential import is_private_manifest, open_manifest
+from kvrag.trust.payloads import layout_of
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import check_manifest_bytes
 from kvrag.trust.tenants import key_for
@@ -35,6 +37,8 @@ class StateInfo(BaseModel):
     created_at: str | None = None
     #: the signature, checked on the stored bytes with your key: "valid", "unsigned" or "not your key"
     signature: str | None = None
+    #: the manifest is encrypted (a confidential tenant's): without that tenant's key only its sizes show
+    encrypted: bool = False
     error: str | None = None
 
 
@@ -55,17 +59,27 @@ def signature_verdict(raw: bytes, key: bytes) -> str:
 
 
 def _info(tier: StateStore, key: str, signing_key: bytes | None = None) -> StateInfo:
+    encrypted = False
     try:
         raw = tier.read_manifest(key)
         if raw is None:
             raise StateNotFoundError("gone")
+        encrypted = is_private_manifest(raw)
+        if encrypted and signing_key is None:
+            return StateInfo(key=key, tier=tier.url, encrypted=True, signature="not your key")
+        raw = open_manifest(raw, signing_key, key) if signing_key else raw
         m = parse_manifest(raw)
+    except SignatureError as e:
+        if encrypted:  # another tenant's: not damaged, only closed to this key
+            return StateInfo(key=key, tier=tier.url, encrypted=True, signature="not your key")
+        return StateInfo(key=key, tier=tier.url, error=f"{type(e).__name__}: {e}")
     except KVRagError as e:
         return StateInfo(key=key, tier=tier.url, error=f"{type(e).__name__}: {e}")
     return StateInfo(
         key=key, tier=tier.url, model=m.model_fingerprint.name, model_fingerprint=m.model_fingerprint.digest,
         start=m.start, tokens=m.token_count, parent_key=m.parent_key, payload_bytes=m.payload_bytes,
         created_at=m.deposit.created_at, signature=signature_verdict(raw, signing_key) if signing_key else None,
+        encrypted=encrypted,
     )
 
 
@@ -103,18 +117,26 @@ def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None =
         raw = tier.read_manifest(key)
         if raw is None:
             continue
-        entry: dict[str, Any] = {"signature": signature_verdict(raw, signer)}
+        entry: dict[str, Any] = {"encrypted": is_private_manifest(raw)}
         try:
+            raw = open_manifest(raw, signer, key)
+            entry["signature"] = signature_verdict(raw, signer)
             entry["manifest"] = parse_manifest(raw).model_dump(mode="json")
-            # the payload with the manifest of its own write
-            stored = tier.read(key, lambda raw: Checked(parse_manifest(raw)))
+
+            def opened(stored_raw: bytes) -> Checked:  # the payload with the manifest of its own write
+                manifest = parse_manifest(open_manifest(stored_raw, signer, key))
+                return Checked(manifest, layout_of(manifest, signer))
+
+            stored = tier.read(key, opened)
             if stored is None or stored.checked is None:
                 entry["payload"] = "missing"
             else:
-                decode_payload(stored.payload, stored.checked.value)
-                entry["payload"] = "ok: SHA-256 and every tensor header match the manifest" + (
-                    "" if entry["signature"] == "valid" else f" (but the signature is {entry['signature']})")
+                layout = stored.checked.layout
+                decode_payload(stored.payload, stored.checked.value, layout)
+                entry["payload"] = f"ok: every chunk passes its {layout.check.name} check and every tensor header " \
+                    "matches the manifest" + ("" if entry["signature"] == "valid" else f" (but the signature is {entry['signature']})")
         except KVRagError as e:
+            entry.setdefault("signature", "not your key" if isinstance(e, SignatureError) else "unreadable")
             entry["payload"] = entry.get("payload") or f"{type(e).__name__}: {e}"
             entry.setdefault("error", f"{type(e).__name__}: {e}")
         if isinstance(tier, RedisStore):
@@ -144,6 +166,8 @@ def collect_garbage(store: StateStore, *, keep_fingerprint: str | None = None, d
                 for path in strays:
                     path.unlink(missing_ok=True)
         for info in [_info(tier, key) for key in tier.keys()]:
+            if info.encrypted and info.model is None:
+                continue  # a confidential tenant's state: gc cannot read it, and keeps it
             if info.error:
                 report.damaged_states.append(info.key)
             elif keep_fingerprint and info.model_fingerprint != keep_fingerprint:

@@ -36,6 +36,7 @@ from kvrag.data import verification_pairs
 from kvrag.engine.engine import KVEngine
 from kvrag.models.loading import LoadedModel
 from kvrag.stores import MemoryStore
+from kvrag.trust.confidential import open_manifest
 
 __all__ = ["Agreement", "VerifyReport", "verify_model"]
 
@@ -115,7 +116,7 @@ def _chain_check(engine: KVEngine, documents: list[str]) -> tuple[int, int]:
     for segment in engine.plan(documents):
         _stock_forward(engine.model, segment.ids, cache)
         _, tensors = extract(engine.runner.codecs, cache, segment.start, segment.end)
-        stored = parse_manifest(engine.store.read_manifest(segment.key) or b"")
+        stored = parse_manifest(open_manifest(engine.store.read_manifest(segment.key) or b"", engine.signing_key, segment.key))
         exact += sha256_hex(encode_payload(tensors)) == stored.payload_sha256
     return len(refs), exact
 

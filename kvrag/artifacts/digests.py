@@ -1,9 +1,11 @@
-"""Chunked SHA-256 digests: integrity checks that run on both cores.
+"""Chunked payload checks that run on both cores, while the next chunk is still being read.
 
-A payload is checked as fixed-size chunks, each with its own SHA-256, hashed in parallel threads
-(hashlib releases the GIL on large buffers). A manifest commits to its chunk digests, so a remote
-tier whose frames have the same size can check them while fetching, and hand over a buffer that
-records which digests it already checked; nothing is hashed twice.
+A payload is stored as fixed-size chunks. A manifest commits to each chunk's SHA-256 (the record
+of what was stored) and, in states written since, to a faster per-read check: a keyed tag, or the
+tag of an AEAD that also keeps the chunk confidential (see `kvrag.trust.payloads`). A reader checks
+each chunk with the layout's `ChunkOpener` on the hashing threads (hashlib, BLAKE3 and OpenSSL
+release the GIL on large buffers) while the next one is on the wire, and hands over a buffer that
+records what checked it; nothing is checked twice.
 """
 
 from __future__ import annotations
@@ -16,19 +18,71 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-__all__ = ["CHUNK_BYTES", "PayloadLayout", "chunk_digests", "CheckedBuffer", "hash_pool", "read_checked"]
+__all__ = ["CHUNK_BYTES", "PayloadLayout", "ChunkOpener", "Sha256Chunks", "chunk_digests", "CheckedBuffer", "hash_pool",
+           "read_checked", "open_payload", "stored_form"]
 
 CHUNK_BYTES = 8 << 20
 
 
+class ChunkOpener:
+    """How a read checks one stored chunk and, for a sealed payload, opens it into the plaintext.
+
+    `in_place`: the plaintext is the stored bytes (a digest or a tag checks them where they lie);
+    otherwise `open` writes the chunk's plaintext into `out`. `identity` names what a buffer was
+    checked against, so a buffer checked once is never checked again for the same signed data."""
+
+    name = "sha256"
+    in_place = True
+    #: stored bytes per chunk beyond its plaintext (an AEAD's tag)
+    overhead = 0
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def open(self, index: int, stored: memoryview, out: memoryview) -> bool:
+        """Whether stored chunk `index` is authentic (its plaintext, if not in place, now in `out`)."""
+        raise NotImplementedError
+
+
+class Sha256Chunks(ChunkOpener):
+    """Each chunk's SHA-256 against the signed list: states written before keyed tags."""
+
+    def __init__(self, chunk_bytes: int, digests: Sequence[str]) -> None:
+        self.chunk_bytes, self.digests = chunk_bytes, tuple(digests)
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        return ("sha256", self.chunk_bytes, self.digests)
+
+    def open(self, index: int, stored: memoryview, out: memoryview) -> bool:
+        return index < len(self.digests) and hashlib.sha256(stored).hexdigest() == self.digests[index]
+
+
 @dataclass(frozen=True)
 class PayloadLayout:
-    """How a payload is cut and what each chunk's SHA-256 must be, as signed data says: a reader
-    allocates `size` bytes and checks each chunk against `chunks` as it arrives."""
+    """How a stored payload is cut and checked, as signed data says: a reader allocates `size`
+    bytes (`plain_size` for the plaintext of a sealed one) and opens each `chunk_bytes` chunk with
+    `opener` as it arrives. `chunks` are the stored chunks' SHA-256 digests (what a store's own
+    record must list); `opener` defaults to checking those."""
 
     size: int
     chunk_bytes: int
     chunks: Sequence[str]
+    opener: ChunkOpener | None = None
+    plain_size: int | None = None
+
+    @property
+    def check(self) -> ChunkOpener:
+        return self.opener if self.opener is not None else Sha256Chunks(self.chunk_bytes, self.chunks)
+
+    @property
+    def plaintext_bytes(self) -> int:
+        return self.size if self.plain_size is None else self.plain_size
+
+    @property
+    def count(self) -> int:
+        return -(-self.size // self.chunk_bytes)
 
 
 @lru_cache(maxsize=1)
@@ -46,15 +100,18 @@ def chunk_digests(data: Any, chunk_bytes: int = CHUNK_BYTES) -> list[str]:
 
 class CheckedBuffer(mmap.mmap):
     """A fresh, writable buffer for payload bytes; once a store has checked its chunks, it records
-    against which digests (`chunk_bytes`, `chunk_digests`), so nothing is hashed twice.
+    what checked them (`checked_by`), so nothing is checked twice.
 
     It is anonymous memory mapped for the purpose: filled by `readinto` it measured faster here
     than a fresh `bytearray` (whose memory is faulted in page by page as it is first written).
     Advising it for transparent huge pages was faster still in a fresh process, and much slower
     in a long-running one (the kernel compacts memory to find huge pages), so it is not."""
 
-    chunk_bytes: int = 0
-    chunk_digests: Sequence[str] = ()
+    #: the `ChunkOpener.identity` that checked it (None: not checked)
+    checked_by: tuple[Any, ...] | None = None
+    #: the stored bytes it was opened from, when those are not the buffer itself (a sealed payload):
+    #: what a tier that keeps stored bytes writes when the state is promoted into it
+    sealed: Any = None
 
     def __new__(cls, size: int) -> "CheckedBuffer":
         buffer = super().__new__(cls, -1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -69,21 +126,63 @@ class CheckedBuffer(mmap.mmap):
         return memoryview(self)[: self.size_]
 
 
-def read_checked(readinto: Callable[[memoryview], int], size: int, chunk_bytes: int,
-                 digests: Sequence[str]) -> CheckedBuffer | None:
-    """`size` bytes read chunk by chunk into one buffer, each chunk hashed on the pool while the
-    next is read. None if a read comes up short or a chunk's SHA-256 is not its digest."""
-    if -(-size // chunk_bytes) != len(digests):
-        return None
-    buffer = CheckedBuffer(size)
-    view = buffer.view()
+def stored_form(payload: Any) -> Any:
+    """The bytes a tier stores for `payload`: a sealed payload's stored bytes, else the payload."""
+    sealed = getattr(payload, "sealed", None)
+    return payload if sealed is None else sealed
+
+
+def _plain_slot(layout: PayloadLayout, out: CheckedBuffer, index: int) -> memoryview:
+    plain_chunk = layout.chunk_bytes - layout.check.overhead
+    return out.view()[index * plain_chunk : (index + 1) * plain_chunk]
+
+
+def read_checked(readinto: Callable[[memoryview], int], layout: PayloadLayout) -> CheckedBuffer | None:
+    """`layout.size` stored bytes read chunk by chunk, each opened on the pool while the next is
+    read. The plaintext buffer, or None if a read comes up short or a chunk is not authentic."""
+    opener = layout.check
+    stored = CheckedBuffer(layout.size)
+    out = stored if opener.in_place else CheckedBuffer(layout.plaintext_bytes)
+    view = stored.view()
     checks = []
-    for index, start in enumerate(range(0, size, chunk_bytes)):
-        chunk = view[start : start + chunk_bytes]
+    for index, start in enumerate(range(0, layout.size, layout.chunk_bytes)):
+        chunk = view[start : start + layout.chunk_bytes]
         if readinto(chunk) != len(chunk):
             return None
-        checks.append(hash_pool().submit(lambda c=chunk, d=digests[index]: hashlib.sha256(c).hexdigest() == d))
-    if not all(check.result() for check in checks):
+        target = chunk if opener.in_place else _plain_slot(layout, out, index)
+        checks.append(hash_pool().submit(opener.open, index, chunk, target))
+    if layout.count != len(checks) or not all(check.result() for check in checks):
         return None
-    buffer.chunk_bytes, buffer.chunk_digests = chunk_bytes, list(digests)
-    return buffer
+    out.checked_by = opener.identity
+    if out is not stored:
+        out.sealed = stored
+    return out
+
+
+def open_payload(data: Any, layout: PayloadLayout) -> CheckedBuffer | memoryview | None:
+    """The checked plaintext of stored bytes `data` (any buffer): the buffer itself when it was
+    checked against this layout already, else each chunk opened on the pool. None if a chunk is
+    not authentic or the size is not the layout's."""
+    opener = layout.check
+    if isinstance(data, CheckedBuffer) and data.checked_by == opener.identity:
+        return data
+    view = data.view() if isinstance(data, CheckedBuffer) else memoryview(data).cast("B")
+    if len(view) != layout.size:
+        return None
+    out = None if opener.in_place else CheckedBuffer(layout.plaintext_bytes)
+    jobs = []
+    for index, start in enumerate(range(0, layout.size, layout.chunk_bytes)):
+        chunk = view[start : start + layout.chunk_bytes]
+        jobs.append((index, chunk, chunk if out is None else _plain_slot(layout, out, index)))
+    if len(jobs) != layout.count:
+        return None
+    if len(jobs) == 1:
+        ok = [opener.open(*jobs[0])]
+    else:
+        ok = list(hash_pool().map(lambda job: opener.open(*job), jobs))
+    if not all(ok):
+        return None
+    if out is None:
+        return view
+    out.checked_by = opener.identity
+    return out

@@ -4,8 +4,11 @@ This module is the one place where tensors become bytes and bytes become tensors
 unpickles and never trusts a size before checking it: the payload's SHA-256 is checked against the
 manifest, then its safetensors header is parsed with a size cap and every entry is checked against
 the manifest's shapes and dtypes before a tensor view is made over the buffer (zero-copy).
-Integrity is checked by the manifest's chunk digests (SHA-256 per 8 MiB, hashed in parallel; see
-`kvrag.artifacts.digests`); the whole-payload SHA-256 is recorded too, as the payload's identity.
+Integrity is checked chunk by chunk (8 MiB, in parallel; see `kvrag.artifacts.digests`): by the
+manifest's keyed tags, or the AEAD tags of a confidential state (`payload_seal`, see
+`kvrag.trust.payloads`), else, for states written before those, by the chunks' SHA-256 digests. The
+whole-payload SHA-256 of the plaintext is recorded as the exactness record, computed once at
+deposit; no read waits on it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Annotated, Any, Literal, Mapping
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, PayloadLayout, chunk_digests
+from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, PayloadLayout, open_payload
 from kvrag.errors import IntegrityError
 from kvrag.models.fingerprints import HardwareFingerprint, ModelFingerprint
 
@@ -28,6 +31,7 @@ __all__ = [
     "FORMAT",
     "LayerEntry",
     "DepositReceipt",
+    "PayloadSeal",
     "StateManifest",
     "state_key",
     "encode_payload",
@@ -100,6 +104,29 @@ class DepositReceipt(BaseModel):
     created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
 
+#: the per-read checks a manifest may name (`PayloadSeal.scheme`)
+SEAL_SCHEMES = ("blake3-keyed/1", "aes-256-gcm/1")
+#: bytes an AES-GCM tag adds to each stored chunk
+AEAD_TAG_BYTES = 16
+
+
+class PayloadSeal(BaseModel):
+    """The payload's per-read check, keyed by the signing key (see `kvrag.trust.payloads`).
+
+    `blake3-keyed/1`: `tags` holds one keyed BLAKE3 tag per stored chunk, bound to the state's key
+    and the chunk's index. `aes-256-gcm/1`: each stored chunk is its plaintext chunk encrypted
+    under a key derived for this state from `nonce`, its AEAD tag appended; `plain_bytes` and
+    `plain_chunk_bytes` give the plaintext's size and chunk size."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    scheme: Literal["blake3-keyed/1", "aes-256-gcm/1"]
+    tags: list[str] = Field(default_factory=list, max_length=1 << 20)
+    nonce: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    plain_bytes: int | None = Field(default=None, ge=0, le=1 << 40)
+    plain_chunk_bytes: int | None = Field(default=None, ge=1, le=1 << 30)
+
+
 class StateManifest(BaseModel):
     """Everything needed to decide, before touching the payload, whether a state may be grafted."""
 
@@ -122,6 +149,8 @@ class StateManifest(BaseModel):
     deposit: DepositReceipt
     #: the prompt layout the segment was cut by (`kvrag.core.prompt`; None: written before layouts were named)
     prompt_layout: str | None = Field(default=None, max_length=32)
+    #: the payload's per-read check (None: written before keyed tags; each chunk's SHA-256 is checked)
+    payload_seal: PayloadSeal | None = None
     signature: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @property
@@ -130,8 +159,15 @@ class StateManifest(BaseModel):
 
     @property
     def layout(self) -> PayloadLayout:
-        """The payload's size and chunk digests, for a store to read and check it by."""
+        """The stored payload's size and chunk SHA-256 digests, checked by those digests (a reader
+        with the signing key checks by `payload_seal` instead: `kvrag.trust.payloads.layout_of`)."""
         return PayloadLayout(self.payload_bytes, self.payload_chunk_bytes, tuple(self.payload_chunks))
+
+    @property
+    def plain_bytes(self) -> int:
+        """The plaintext payload's size (the stored size, unless the payload is encrypted)."""
+        seal = self.payload_seal
+        return self.payload_bytes if seal is None or seal.plain_bytes is None else seal.plain_bytes
 
     def to_json_bytes(self) -> bytes:
         return self.model_dump_json().encode()
@@ -145,8 +181,22 @@ def parse_manifest(data: bytes | str) -> StateManifest:
         raise IntegrityError(f"state manifest is malformed: {str(e).splitlines()[0]}") from e
     if len(manifest.token_ids) != manifest.token_count:
         raise IntegrityError("state manifest is malformed: token_ids and token_count disagree")
-    if len(manifest.payload_chunks) != -(-manifest.payload_bytes // manifest.payload_chunk_bytes):
+    chunks = -(-manifest.payload_bytes // manifest.payload_chunk_bytes)
+    if len(manifest.payload_chunks) != chunks:
         raise IntegrityError("state manifest is malformed: chunk digests do not cover the payload")
+    seal = manifest.payload_seal
+    if seal is not None and seal.scheme == "blake3-keyed/1":
+        if len(seal.tags) != chunks or seal.nonce is not None or seal.plain_bytes is not None:
+            raise IntegrityError("state manifest is malformed: its keyed tags do not cover the payload")
+    elif seal is not None:
+        plain, plain_chunk = seal.plain_bytes, seal.plain_chunk_bytes
+        if (
+            seal.tags or seal.nonce is None or plain is None or plain_chunk is None
+            or manifest.payload_chunk_bytes != plain_chunk + AEAD_TAG_BYTES
+            or -(-plain // plain_chunk) != chunks
+            or manifest.payload_bytes != plain + AEAD_TAG_BYTES * chunks
+        ):
+            raise IntegrityError("state manifest is malformed: its encrypted chunks do not cover the payload")
     return manifest
 
 
@@ -165,20 +215,25 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES[dtype]
 
 
-def decode_payload(buffer: Any, manifest: StateManifest) -> dict[str, torch.Tensor]:
-    """Tensors over `buffer` (no copy), after checking its chunk digests and every header entry.
+def decode_payload(buffer: Any, manifest: StateManifest, layout: PayloadLayout | None = None) -> dict[str, torch.Tensor]:
+    """Tensors over the plaintext of stored `buffer` (no copy for an unencrypted one), after
+    checking its chunks by `layout` (default: the manifest's SHA-256 digests) and every header entry.
 
-    `buffer` is any object with the buffer protocol (bytes, bytearray, mmap, memoryview). The
-    returned tensors alias it; kvrag never writes into them (a graft concatenates into new tensors).
+    `buffer` is any object with the buffer protocol (bytes, bytearray, mmap, memoryview), or a
+    `CheckedBuffer` a store already opened by the same layout. The returned tensors alias the
+    plaintext; kvrag never writes into them (a graft concatenates into new tensors).
     """
-    view = buffer.view() if isinstance(buffer, CheckedBuffer) else memoryview(buffer).cast("B")
-    if len(view) != manifest.payload_bytes:
-        raise IntegrityError(f"state {manifest.key[:12]}: payload is {len(view)} bytes, manifest says {manifest.payload_bytes}")
-    checked = isinstance(buffer, CheckedBuffer) and (
-        buffer.chunk_bytes == manifest.payload_chunk_bytes and list(buffer.chunk_digests) == manifest.payload_chunks
-    )
-    if not checked and chunk_digests(view, manifest.payload_chunk_bytes) != manifest.payload_chunks:
-        raise IntegrityError(f"state {manifest.key[:12]}: payload SHA-256 does not match its manifest (chunk digests differ)")
+    layout = layout or manifest.layout
+    size = len(buffer) if isinstance(buffer, CheckedBuffer) else memoryview(buffer).nbytes
+    if not (isinstance(buffer, CheckedBuffer) and buffer.checked_by == layout.check.identity) and size != layout.size:
+        raise IntegrityError(f"state {manifest.key[:12]}: payload is {size} bytes, manifest says {layout.size}")
+    opened = open_payload(buffer, layout)
+    if opened is None:
+        raise IntegrityError(f"state {manifest.key[:12]}: a payload chunk does not match its manifest "
+                             f"({layout.check.name} check failed)")
+    view = opened.view() if isinstance(opened, CheckedBuffer) else opened
+    if len(view) != layout.plaintext_bytes:
+        raise IntegrityError(f"state {manifest.key[:12]}: payload is {len(view)} bytes, manifest says {layout.plaintext_bytes}")
     header, data_start = _read_header(view)
     expected = {}
     for index, layer in enumerate(manifest.layers):

@@ -1,11 +1,13 @@
 """State acceptance: every check a stored state must pass before it may be grafted.
 
-In order, before any payload byte is read: the manifest's stored bytes are signed with this
+In order, before any payload byte is read: the manifest's stored bytes open with this engine's key
+(when they are encrypted, `kvrag.trust.confidential`) and are signed with this
 engine's key (unsigned only where the reader opted in), they parse, are for the key asked for, were made by this model on
 this hardware, its token ids are in the model's vocabulary, its key is the content address of its
 own tokens and parent, it sits at the position and after the chain it is needed at, it was
 verified at deposit, and each layer's entry fits its codec. Then the payload:
-its chunk digests and every tensor header against the manifest. A failed check raises the
+each chunk by its keyed tag or AEAD tag (`kvrag.trust.payloads`; the SHA-256 digests of
+states written before those) as it arrives, and every tensor header against the manifest. A failed check raises the
 `StateError` whose `reason` the receipt will name.
 """
 
@@ -20,7 +22,9 @@ from kvrag.core.schedule import Segment
 from kvrag.errors import ForeignStateError, IntegrityError, SignatureError
 from kvrag.models.fingerprints import HardwareFingerprint
 from kvrag.stores import Checked, StateStore
+from kvrag.trust.confidential import open_manifest
 from kvrag.trust.identity import EngineIdentity
+from kvrag.trust.payloads import layout_of
 from kvrag.trust.signing import check_manifest_bytes
 
 __all__ = ["Restored", "StateAcceptance"]
@@ -57,6 +61,7 @@ class StateAcceptance:
     def manifest(self, key: str, raw: bytes, expect: Segment | None, hardware: HardwareFingerprint, scope: str,
                  store: StateStore | None = None) -> StateManifest:
         allow = self.allow_unsigned or bool(store is not None and store.allow_unsigned)
+        raw = open_manifest(raw, self.signing_key, key)
         try:
             signature = check_manifest_bytes(raw, self.signing_key, allow_unsigned=allow, where=store.url if store else "")
         except SignatureError as e:
@@ -99,8 +104,12 @@ class StateAcceptance:
             if why:
                 raise IntegrityError(f"state {manifest.key[:12]}: layer {index} {why}")
 
+    def payload_layout(self, manifest: StateManifest) -> Any:
+        """How this engine checks the manifest's payload (its keyed tags or AEAD, with this key)."""
+        return layout_of(manifest, self.signing_key)
+
     def payload(self, manifest: StateManifest, payload: Any) -> Restored:
-        tensors = decode_payload(payload, manifest)
+        tensors = decode_payload(payload, manifest, self.payload_layout(manifest))
         return Restored(manifest, StatePart(manifest.start, manifest.end, manifest.layers, tensors))
 
 
@@ -116,7 +125,7 @@ class _Check:
 
     def manifest(self, raw: bytes, store: StateStore) -> Checked:
         manifest = self.acceptance.manifest(self.key, raw, self.expect, self.hardware, self.scope, store)
-        return Checked(manifest, manifest.layout)
+        return Checked(manifest, self.acceptance.payload_layout(manifest))
 
     def payload(self, manifest: StateManifest, payload: Any) -> Restored:
         return self.acceptance.payload(manifest, payload)

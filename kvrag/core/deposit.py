@@ -5,6 +5,8 @@ are a fresh computation's; `kvrag verify` re-checks this against a from-scratch 
 extracted, and the state is verified by the canary: the canary question's logits after grafting
 the stored bytes must equal its logits after the fresh prefill, SHA-256 for SHA-256. Only then is
 the manifest (fingerprints, digests, the deposit receipt) signed and written, after the payload.
+The payload is stored with keyed per-chunk tags, or encrypted for a confidential engine (see
+`kvrag.trust.payloads`); its SHA-256 is computed here, once, as the exactness record.
 A chain therefore costs one prefill per state, not one per ancestor.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from kvrag.artifacts.digests import chunk_digests
+from kvrag.artifacts.digests import PayloadLayout, chunk_digests
 from kvrag.artifacts.format import DepositReceipt, StateManifest, decode_payload, encode_payload, sha256_hex
 from kvrag.codecs import StatePart, extract, install
 from kvrag.core.acceptance import Restored
@@ -22,7 +24,9 @@ from kvrag.core.schedule import Planner, Segment
 from kvrag.core.whereabouts import Whereabouts
 from kvrag.errors import VerificationError
 from kvrag.stores import StateStore
+from kvrag.trust.confidential import encrypt_manifest
 from kvrag.trust.identity import EngineIdentity
+from kvrag.trust.payloads import seal_payload
 from kvrag.trust.signing import sign_manifest
 
 __all__ = ["CANARY_QUESTION", "Depositor"]
@@ -33,8 +37,9 @@ CANARY_QUESTION = "Which words of the text above matter most?"
 
 class Depositor:
     def __init__(self, runner: ModelRunner, planner: Planner, store: StateStore, identity: EngineIdentity,
-                 signing_key: bytes, whereabouts: Whereabouts | None = None) -> None:
+                 signing_key: bytes, whereabouts: Whereabouts | None = None, *, confidential: bool = False) -> None:
         self.runner = runner
+        self.confidential = confidential
         self.whereabouts = whereabouts
         self.planner = planner
         self.store = store
@@ -65,6 +70,8 @@ class Depositor:
 
         payload = encode_payload(tensors)
         del tensors, fresh
+        chunk_bytes = self.store.chunk_bytes
+        stored, seal = seal_payload(payload, self.signing_key, segment.key, chunk_bytes, confidential=self.confidential)
         unverified = StateManifest(
             key=segment.key,
             parent_key=segment.parent_key,
@@ -76,15 +83,16 @@ class Depositor:
             token_count=len(segment.ids),
             layers=layers,
             payload_sha256=sha256_hex(payload),
-            payload_bytes=len(payload),
-            payload_chunk_bytes=self.store.chunk_bytes,
-            payload_chunks=chunk_digests(payload, self.store.chunk_bytes),
+            payload_bytes=len(stored),
+            payload_chunk_bytes=chunk_bytes,
+            payload_chunks=chunk_digests(stored, chunk_bytes),
             prompt_layout=segment.layout or None,
+            payload_seal=seal,
             deposit=DepositReceipt(canary_token_ids=canary, canary_logits_sha256="", fresh_logits_sha256=fresh_sha,
                                    verified=False, compute_ms=compute_ms),
         )
         # Graft check: the ancestors plus this state's bytes, round-tripped, must reproduce it.
-        part = StatePart(segment.start, segment.end, layers, decode_payload(payload, unverified))
+        part = StatePart(segment.start, segment.end, layers, decode_payload(payload, unverified, _as_plain(unverified)))
         grafted = runner.new_cache()
         install(runner.codecs, grafted, [*ancestors, part], runner.device)
         graft_sha = logits_sha256(runner.forward(canary, grafted))
@@ -97,7 +105,15 @@ class Depositor:
         deposit = unverified.deposit.model_copy(update={"canary_logits_sha256": graft_sha, "verified": True})
         manifest = unverified.model_copy(update={"deposit": deposit})
         manifest = sign_manifest(manifest, self.signing_key)
-        self.store.put(segment.key, manifest.to_json_bytes(), payload)
+        raw = manifest.to_json_bytes()
+        if self.confidential:
+            raw = encrypt_manifest(raw, self.signing_key, segment.key, manifest.payload_bytes, manifest.payload_chunk_bytes)
+        self.store.put(segment.key, raw, stored)
         if self.whereabouts is not None:
             self.whereabouts.note(segment)
         return Restored(manifest, part)
+
+
+def _as_plain(manifest: StateManifest) -> PayloadLayout:
+    """The plaintext payload as computed here, checked by its SHA-256 alone."""
+    return PayloadLayout(manifest.plain_bytes, manifest.plain_bytes or 1, (manifest.payload_sha256,))

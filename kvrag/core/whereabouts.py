@@ -29,6 +29,7 @@ from kvrag.core.schedule import Segment
 from kvrag.errors import KVRagError
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS, StateStore
 from kvrag.stores.deadline import Deadline, bounded
+from kvrag.trust.confidential import open_manifest
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import check_manifest_bytes, mac
@@ -121,6 +122,7 @@ class Whereabouts:
                 raw = bounded(lambda key=key: self.store.read_manifest(key), deadline, f"reading state {key[:12]}'s manifest")
                 if raw is None:
                     continue
+                raw = open_manifest(raw, self.signing_key, key)
                 check_manifest_bytes(raw, self.signing_key, where=self.store.url)
                 manifest = parse_manifest(raw)
             except KVRagError:

@@ -77,6 +77,7 @@ class KVEngine:
         deadline_s: float = DEFAULT_DEADLINE_S,
         blend_limits: BlendLimits | None = None,
         layout: LayoutKind | None = None,
+        confidential: bool | None = None,
     ) -> None:
         """`signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key),
         an operator's key or a tenant's (`kvrag.trust.tenants`); `allow_unsigned`: also graft unsigned
@@ -86,12 +87,15 @@ class KVEngine:
         waits on store reads before the text answers; `blend_limits`: the most an approximate blend
         may deviate from the exact path (`BlendLimits`: mean KL 0.1, agreement 0.8 unless set);
         `layout`: how documents and a question are laid out (`chat` for a model with a chat
-        template, `completion` for a base model without one: the default follows the model)."""
+        template, `completion` for a base model without one: the default follows the model);
+        `confidential`: encrypt every state and record this engine writes under its tenant's key
+        (default: whether the store URL says `?confidential=1`; see `kvrag.trust.confidential`)."""
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
         #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
         self.signing_key, self.namespace = key_for(signing_key, self.store.namespace if namespace is None else namespace)
         self.allow_unsigned = allow_unsigned
+        self.confidential = bool(self.store.confidential if confidential is None else confidential)
         if not 0 < deadline_s <= 3600:
             raise InputError("deadline_s must be more than 0 and at most 3600 seconds")
         self.deadline_s = deadline_s
@@ -105,11 +109,12 @@ class KVEngine:
         acceptance = StateAcceptance(self.identity, self.runner.codecs, self.signing_key, model.vocabulary,
                                      allow_unsigned=allow_unsigned)
         self.restorer = Restorer(self.store, acceptance)
-        self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=allow_unsigned)  # type: ignore[arg-type]
+        self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=allow_unsigned,  # type: ignore[arg-type]
+                                     confidential=self.confidential)
         #: where each text's states are stored, to say why one did not graft (`kvrag explain`)
         self.whereabouts = Whereabouts(self.store, self.records, self.identity, self.signing_key)
         self.depositor = Depositor(self.runner, self.planner, self.store, self.identity, self.signing_key,
-                                   self.whereabouts)
+                                   self.whereabouts, confidential=self.confidential)
         #: under the invariant kernel, states serve any prompt that begins with their tokens
         self.prefixes = PrefixRecords(self.records, self.identity.scope) if model.attn == INVARIANT else None
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, deadline_s, self.prefixes,

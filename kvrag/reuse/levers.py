@@ -27,6 +27,7 @@ from kvrag.core.protocol import Engine
 from kvrag.core.schedule import StateRef
 from kvrag.errors import ContextTooLongError, KVRagError
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS
+from kvrag.trust.confidential import open_manifest
 
 __all__ = ["stored_prefix_first", "CorpusChain", "ChainWarmer", "MAX_ORDER_CHECKS"]
 
@@ -147,6 +148,6 @@ class ChainWarmer:
         """The state's payload size, for the budget (its manifest, as this engine wrote it)."""
         try:
             raw = self.engine.store.read_manifest(ref.key)
-            return parse_manifest(raw).payload_bytes if raw else 0
+            return parse_manifest(open_manifest(raw, self.engine.signing_key, ref.key)).payload_bytes if raw else 0
         except (KVRagError, *UNTRUSTED_PARSE_ERRORS):
             return 0

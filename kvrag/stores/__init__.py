@@ -7,8 +7,9 @@
                                         rediss+cluster:// or ?ssl=true for TLS (TLS or refused)
     redis://...,disk://...              tiers, hot first: reads promote, writes go through
 
-Every tier URL also takes `?namespace=NAME` (the tenant: part of every state and memo key) and
-`?allow_unsigned=1` (read unsigned states from this tier, with a warning once).
+Every tier URL also takes `?namespace=NAME` (the tenant: part of every state and memo key),
+`?allow_unsigned=1` (read unsigned states, warned once) and `?confidential=1` (what is written
+there is encrypted under the tenant's key: `kvrag.trust.confidential`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kvrag.stores.base import (
     StateCheck,
     StateStore,
     StoredState,
+    shorten,
 )
 from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Breaker, Deadline
 from kvrag.stores.disk import DiskStore
@@ -72,15 +74,23 @@ def _split_tiers(url: str) -> list[str]:
     return [p for p in pieces if p]
 
 
-_COMMON = ("namespace", "allow_unsigned")
+_COMMON = ("namespace", "allow_unsigned", "confidential")
 
 
 def _open_one(url: str) -> StateStore:
     url, common = _common_params(url)
     store = _open_scheme(url)
     store.namespace = common.get("namespace", "")
-    store.allow_unsigned = common.get("allow_unsigned", "0").lower() in ("1", "true", "yes")
+    store.allow_unsigned = _flag(common, "allow_unsigned")
+    store.confidential = _flag(common, "confidential")
     return store
+
+
+def _flag(params: dict[str, str], name: str) -> bool:
+    value = params.get(name, "0").lower()
+    if value not in ("0", "1", "true", "false", "yes", "no", ""):
+        raise StoreError(f"?{name}= takes 1 or 0, not {shorten(value)}")
+    return value in ("1", "true", "yes")
 
 
 def _common_params(url: str) -> tuple[str, dict[str, str]]:

@@ -153,6 +153,8 @@ class StateStore(Guarded, ABC):
     allow_unsigned: bool = False
     #: the tenant whose states this store holds (`?namespace=`); part of every state and memo key
     namespace: str = ""
+    #: what an engine writes here is encrypted under its tenant's key (`?confidential=1`)
+    confidential: bool = False
     #: the chunk size (each chunk with its own SHA-256) of states deposited through this store; a
     #: Redis tier stores one frame per chunk
     chunk_bytes: int = CHUNK_BYTES

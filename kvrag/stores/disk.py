@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from kvrag.artifacts.digests import read_checked
+from kvrag.artifacts.digests import read_checked, stored_form
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
 
@@ -105,11 +105,11 @@ class DiskStore(StateStore, BlobStore):
             f.seek(offset)
             layout = checked.layout if checked is not None else None
             if layout is not None and layout.size == size - offset:
-                # Each chunk is hashed against the signed manifest while the next one is read.
-                payload = read_checked(f.readinto, size - offset, layout.chunk_bytes, layout.chunks)
+                # Each chunk is checked as the signed manifest says while the next one is read.
+                payload = read_checked(f.readinto, layout)
                 if payload is None:
-                    raise IntegrityError(f"state file {key[:12]}: a chunk does not match its SHA-256 or the file "
-                                         "changed while read")
+                    raise IntegrityError(f"state file {key[:12]}: a chunk does not pass its {layout.check.name} check "
+                                         "or the file changed while read")
                 return StoredState(manifest, payload, checked)
             payload = bytearray(size - offset)
             got = f.readinto(payload)
@@ -144,7 +144,7 @@ class DiskStore(StateStore, BlobStore):
                 with os.fdopen(fd, "wb") as f:
                     f.write(header)
                     f.write(padding)
-                    f.write(payload)
+                    f.write(stored_form(payload))  # a sealed state promoted here: its stored bytes
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)

@@ -33,6 +33,7 @@ class TieredStore(StateStore, BlobStore):
             raise StoreError(f"the tiers of {self.url} name different namespaces ({', '.join(sorted(namespaces))}); "
                              "give each tier the same ?namespace=")
         self.namespace = namespaces.pop()
+        self.confidential = any(t.confidential for t in self._tiers)  # one confidential tier: every write is
         self.chunk_bytes = min(t.chunk_bytes for t in self._tiers)
 
     @property

@@ -69,11 +69,11 @@ def test_a_manifest_whose_payload_hash_does_not_match(llama_engine):
     payload = bytearray(llama_engine.store.read(ref.key).payload)
     payload[-1] ^= 0xFF
     llama_engine.store.put(ref.key, llama_engine.store.read_manifest(ref.key), bytes(payload))
-    with pytest.raises(IntegrityError, match="SHA-256"):
+    with pytest.raises(IntegrityError, match="does not match its manifest \\(blake3-keyed/1 check failed\\)"):
         llama_engine.restore(ref)
     receipt = llama_engine.generate(QUESTION, states=[ref], max_new_tokens=2).receipt
     assert receipt.mode == "text-prefill" and receipt.states[0].reason == "integrity"
-    assert "SHA-256" in receipt.states[0].detail
+    assert "blake3-keyed/1 check failed" in receipt.states[0].detail
 
 
 def test_a_chain_whose_parent_is_missing(llama_engine):

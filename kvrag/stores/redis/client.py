@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
+from kvrag.artifacts.digests import stored_form
 from kvrag.artifacts.format import parse_manifest
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
@@ -140,13 +141,14 @@ class RedisStore(StateStore, BlobStore):
         # byte is allocated.
         # (A raw read with no check, for tools, takes the record's layout, bounded by max_state_bytes.)
         if check is not None:
-            layout = checked.layout if checked is not None and checked.layout else parse_manifest(manifest).layout
+            vouched = checked.layout if checked is not None and checked.layout else parse_manifest(manifest).layout
             if (record.payload_bytes, record.frame_bytes, list(record.frames)) != (
-                layout.size, layout.chunk_bytes, list(layout.chunks)
+                vouched.size, vouched.chunk_bytes, list(vouched.chunks)
             ):
                 raise IntegrityError(f"state {key[:12]}: its frame record does not list the manifest's chunks")
         keys = self._fkeys(key, record)
-        assembler = Assembler(record, self.max_state_bytes)
+        layout = checked.layout if checked is not None else None
+        assembler = Assembler(record, self.max_state_bytes, layout)
 
         def fetch(batch: list[str]) -> list[Any]:
             if self.cluster:  # a cluster pipeline refuses MGET; its GETs all go to the slot's node
@@ -160,7 +162,7 @@ class RedisStore(StateStore, BlobStore):
             try:
                 return self._read_direct(keys, assembler, manifest, checked)
             except Redirected:  # the slot moved: redis-py follows it (and refreshes its map) below
-                assembler = Assembler(record, self.max_state_bytes)
+                assembler = Assembler(record, self.max_state_bytes, layout)
         # Frames are checked on the hashing threads while the next one is on the wire. One frame per
         # request measured fastest here: a multi-frame reply makes the server buffer, and the parser
         # grow, tens of megabytes at once.
@@ -235,6 +237,7 @@ class RedisStore(StateStore, BlobStore):
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.
+        payload = stored_form(payload)  # a sealed state promoted here: its stored bytes, never its plaintext
         record, frames = make_layout(manifest, payload, _chunk_bytes(manifest, self.frame_bytes))
         keys = self._fkeys(key, record)
 

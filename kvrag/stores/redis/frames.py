@@ -1,5 +1,9 @@
 """Framing for remote tiers: a payload split into fixed-size frames, each with its own SHA-256.
 
+A reader checks each frame as the signed manifest says (its keyed tag, its AEAD tag, or for older
+states its SHA-256; see `kvrag.artifacts.digests.ChunkOpener`) on the hashing threads while the
+next one is on the wire; the record's own digests only say which frames belong to it.
+
 The frame record (JSON) holds the state's manifest and the frames' digests. It is written after
 every frame, so a reader that finds a record finds frames that were complete when it was written;
 a frame that has since been evicted, truncated or altered makes the whole state a miss. Frames are
@@ -15,7 +19,7 @@ from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, chunk_digests, hash_pool
+from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, PayloadLayout, chunk_digests, hash_pool
 from kvrag.errors import IntegrityError
 
 __all__ = ["FrameLayout", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "MAX_FRAMES", "Assembler", "make_layout", "parse_layout", "split", "assemble"]
@@ -83,17 +87,26 @@ def split(payload: bytes | memoryview, frame_bytes: int) -> list[memoryview]:
 
 
 class Assembler:
-    """Frames checked and copied into one buffer as they arrive, on the hashing threads.
+    """Frames checked (and, for a sealed payload, opened) into one buffer as they arrive, on the
+    hashing threads, by `layout` (default: the record's own SHA-256 digests, for tools' raw reads).
 
-    Feed batches in order with `add`; `result()` waits for the checks and returns the buffer,
-    marked with the digests it was checked against, or raises `IntegrityError`.
+    Feed batches in order with `add`, or receive frames into `slot(i)` and call `received(i)`;
+    `result()` waits for the checks and returns the plaintext buffer, marked with what checked it,
+    or raises `IntegrityError`.
     """
 
-    def __init__(self, record: FrameLayout, max_bytes: int = MAX_STATE_BYTES) -> None:
+    def __init__(self, record: FrameLayout, max_bytes: int = MAX_STATE_BYTES, layout: PayloadLayout | None = None) -> None:
         if record.payload_bytes > max_bytes:
             raise IntegrityError(f"frame record claims {record.payload_bytes} bytes, over this store's limit of {max_bytes}")
         self.record = record
+        self.layout = layout or PayloadLayout(record.payload_bytes, record.frame_bytes, tuple(record.frames))
+        if (self.layout.size, self.layout.chunk_bytes) != (record.payload_bytes, record.frame_bytes):
+            raise IntegrityError("the frame record's sizes are not the manifest's")
+        self.opener = self.layout.check
+        if self.layout.plaintext_bytes > max_bytes:
+            raise IntegrityError(f"the payload claims {self.layout.plaintext_bytes} bytes, over this store's limit of {max_bytes}")
         self.buffer = CheckedBuffer(record.payload_bytes)
+        self.plain = self.buffer if self.opener.in_place else CheckedBuffer(self.layout.plaintext_bytes)
         self._view = self.buffer.view()
         self._next = 0
         self._checks: list[Future[None]] = []
@@ -106,7 +119,8 @@ class Assembler:
                 return False
             if index >= len(self.record.frames) or len(frame) != self.record.frame_length(index):
                 raise IntegrityError(f"frame {index} is {len(frame)} bytes, expected {self.record.frame_length(min(index, len(self.record.frames) - 1))}")
-            self._checks.append(hash_pool().submit(self._check_and_copy, index, frame))
+            self.slot(index)[:] = frame
+            self.received(index)
             self._next += 1
         return True
 
@@ -119,28 +133,29 @@ class Assembler:
         offset = index * self.record.frame_bytes
         return self._view[offset : offset + self.record.frame_length(index)]
 
+    def _plain_slot(self, index: int) -> memoryview:
+        if self.plain is self.buffer:
+            return self.slot(index)
+        plain_chunk = self.record.frame_bytes - self.opener.overhead
+        return self.plain.view()[index * plain_chunk : (index + 1) * plain_chunk]
+
     def received(self, index: int) -> None:
         """Frame `index` is in its slot: check it on the hashing threads."""
-        self._checks.append(hash_pool().submit(self._check_in_place, index))
+        self._checks.append(hash_pool().submit(self._check, index))
 
-    def _check_in_place(self, index: int) -> None:
-        if hashlib.sha256(self.slot(index)).hexdigest() != self.record.frames[index]:
-            raise IntegrityError(f"frame {index} does not match its SHA-256")
-
-    def _check_and_copy(self, index: int, frame: bytes) -> None:
-        if hashlib.sha256(frame).hexdigest() != self.record.frames[index]:
-            raise IntegrityError(f"frame {index} does not match its SHA-256")
-        offset = index * self.record.frame_bytes
-        self._view[offset : offset + len(frame)] = frame
+    def _check(self, index: int) -> None:
+        if not self.opener.open(index, self.slot(index), self._plain_slot(index)):
+            raise IntegrityError(f"frame {index} does not pass its {self.opener.name} check")
 
     def result(self) -> CheckedBuffer:
         for check in self._checks:
             check.result()
         if self._next != len(self.record.frames):
             raise IntegrityError(f"{self._next} frames arrived, the record lists {len(self.record.frames)}")
-        self.buffer.chunk_bytes = self.record.frame_bytes
-        self.buffer.chunk_digests = list(self.record.frames)
-        return self.buffer
+        self.plain.checked_by = self.opener.identity
+        if self.plain is not self.buffer:
+            self.plain.sealed = self.buffer
+        return self.plain
 
 
 def assemble(record: FrameLayout, frames: Sequence[bytes | None]) -> CheckedBuffer | None:
