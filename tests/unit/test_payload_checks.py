@@ -1,0 +1,130 @@
+"""Per-chunk checks (keyed BLAKE3 tags, AES-256-GCM) and confidential envelopes, on their own."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvrag import KVEngine
+from kvrag.artifacts.digests import CheckedBuffer, PayloadLayout, open_payload, read_checked
+from kvrag.artifacts.format import parse_manifest
+from kvrag.errors import IntegrityError, SignatureError, StoreError
+from kvrag.stores import open_store
+from kvrag.trust.confidential import encrypt_manifest, encrypt_record, open_manifest, open_record
+from kvrag.trust.payloads import AeadChunks, KeyedTags, seal_payload
+
+from ..conftest import DOC_A, QUESTION, tiny
+
+KEY = b"a-signing-key-for-chunk-checks"
+STATE = "ab" * 32
+OTHER_STATE = "cd" * 32
+
+
+def layout_for(stored, seal, state_key=STATE, key=KEY, chunk=4096) -> PayloadLayout:
+    size = len(stored)
+    count = -(-size // chunk)
+    if seal.scheme == "blake3-keyed/1":
+        return PayloadLayout(size, chunk, ("0" * 64,) * count, KeyedTags(key, state_key, tuple(seal.tags)))
+    opener = AeadChunks(key, state_key, bytes.fromhex(seal.nonce), count)
+    return PayloadLayout(size, chunk, ("0" * 64,) * count, opener, seal.plain_bytes)
+
+
+def stored_bytes(stored) -> bytes:
+    return bytes(stored.view()) if isinstance(stored, CheckedBuffer) else bytes(stored)
+
+
+@pytest.mark.parametrize("confidential", [False, True])
+def test_sealed_payloads_open_to_their_plaintext_and_nothing_else(confidential):
+    plain = os.urandom(4096 * 5 + 123)
+    stored, seal = seal_payload(plain, KEY, STATE, 4096, confidential=confidential)
+    raw = stored_bytes(stored)
+    assert (raw == plain) is (not confidential)
+    layout = layout_for(raw, seal)
+    opened = open_payload(raw, layout)
+    assert bytes(opened.view() if isinstance(opened, CheckedBuffer) else opened) == plain
+    # read chunk by chunk as a disk tier does
+    stream = iter(raw[i : i + 4096] for i in range(0, len(raw), 4096))
+
+    def readinto(view):
+        chunk = next(stream)
+        view[: len(chunk)] = chunk
+        return len(chunk)
+
+    buffer = read_checked(readinto, layout)
+    assert bytes(buffer.view()) == plain and buffer.checked_by == layout.check.identity
+    assert open_payload(buffer, layout) is buffer  # checked once, never again
+    for wrong in (layout_for(raw, seal, state_key=OTHER_STATE), layout_for(raw, seal, key=b"another key")):
+        assert open_payload(raw, wrong) is None
+    flipped = bytearray(raw)
+    flipped[4096 * 3 + 7] ^= 0x80
+    assert open_payload(bytes(flipped), layout) is None
+    assert open_payload(raw[:-1], layout) is None
+
+
+def test_a_state_written_now_carries_keyed_tags_and_its_sha256_record():
+    engine = KVEngine(tiny("llama"), "memory://", signing_key=KEY)
+    ref = engine.deposit(DOC_A)
+    manifest = parse_manifest(engine.store.read_manifest(ref.key))
+    assert manifest.payload_seal.scheme == "blake3-keyed/1" and len(manifest.payload_seal.tags) == len(manifest.payload_chunks)
+    assert len(manifest.payload_sha256) == 64
+    assert engine.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.mode == "exact-graft"
+
+
+def test_confidential_is_opt_in_per_store_url_and_a_bad_flag_is_refused():
+    assert open_store("memory://?confidential=1").confidential is True
+    assert open_store("memory://").confidential is False
+    assert open_store("memory://,memory://?confidential=1").confidential is True
+    with pytest.raises(StoreError, match="takes 1 or 0"):
+        open_store("memory://?confidential=maybe")
+    engine = KVEngine(tiny("llama"), "memory://?confidential=1", signing_key=KEY)
+    assert engine.confidential
+    ref = engine.deposit(DOC_A)
+    raw = engine.store.read_manifest(ref.key)
+    assert raw.startswith(b'{"format":"kvrag.private/1"')
+    assert set(json.loads(raw)) == {"format", "payload_bytes", "payload_chunk_bytes", "sealed"}
+    manifest = parse_manifest(open_manifest(raw, engine.signing_key, ref.key))
+    assert manifest.payload_seal.scheme == "aes-256-gcm/1"
+    assert engine.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.mode == "exact-graft"
+
+
+def test_envelopes_open_only_for_their_key_and_slot():
+    raw = b'{"signature":null}'
+    sealed = encrypt_manifest(raw, KEY, STATE, 10, 10)
+    assert open_manifest(sealed, KEY, STATE) == raw
+    assert open_manifest(raw, KEY, STATE) == raw  # no envelope: returned for its signature check
+    for key, slot in ((b"other", STATE), (KEY, OTHER_STATE)):
+        with pytest.raises(SignatureError, match="does not open"):
+            open_manifest(sealed, key, slot)
+    record = encrypt_record(KEY, "memo/" + STATE, b"the answer")
+    assert open_record(KEY, "memo/" + STATE, record) == b"the answer"
+    with pytest.raises(SignatureError):
+        open_record(KEY, "memo/" + OTHER_STATE, record)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=512))
+def test_any_bytes_after_the_envelope_head_are_refused_as_a_signature_error(tail):
+    raw = b'{"format":"kvrag.private/1"' + tail
+    with pytest.raises(SignatureError):
+        open_manifest(raw, KEY, STATE)
+    with pytest.raises(SignatureError):
+        open_record(KEY, "memo/" + STATE, b"kvrag.private-record/1 " + tail)
+
+
+@pytest.mark.parametrize("seal", [
+    {"scheme": "blake3-keyed/1", "tags": []},
+    {"scheme": "blake3-keyed/1", "tags": ["0" * 64], "nonce": "0" * 32},
+    {"scheme": "aes-256-gcm/1", "nonce": "0" * 32, "plain_bytes": 10, "plain_chunk_bytes": 10},
+    {"scheme": "aes-256-gcm/1", "plain_bytes": 10, "plain_chunk_bytes": 8388592},
+    {"scheme": "rot13"},
+])
+def test_a_manifest_whose_seal_does_not_cover_its_payload_is_malformed(seal):
+    engine = KVEngine(tiny("llama"), "memory://", signing_key=KEY)
+    manifest = json.loads(engine.store.read_manifest(engine.deposit(DOC_A).key))
+    manifest["payload_seal"] = seal
+    with pytest.raises(IntegrityError, match="malformed"):
+        parse_manifest(json.dumps(manifest))
