@@ -1,14 +1,16 @@
-"""Store tiers: verified restore throughput, and time to first token when grafting from Redis.
+"""Store tiers: verified restore throughput by per-read check, and grafts from each tier.
 
 Part 1 stores a 64 MiB and a 256 MiB payload in each tier (memory, warm disk, one Redis server
-and a 3-master Redis Cluster on loopback, both started here and stopped after, each read as
-configured by default and as it was read before: one connection, through redis-py) and times a
-verified restore: fetch plus SHA-256 of every 8 MiB chunk against the state's digests. Part 2
-grafts a ~1,500-token `smollm2-135m` state from each tier and compares time to first token with
-text prefill, and as a `kvrag serve` worker reads (its in-process hot tier hit, and missed).
-Medians of --repeat runs, one process, one machine: compare the ratios.
+and a 3-master Redis Cluster on loopback, both started here and stopped after) and times a
+verified restore with each per-read check: SHA-256 of every 8 MiB chunk (states written before
+keyed tags), the keyed BLAKE3 tag every state carries now, and AES-256-GCM (confidential states:
+the check also decrypts). Beside them, the same bytes with no check at all, and for Redis a plain
+redis-py `GET` loop over the frames: the wire's own speed. Part 2 grafts `smollm2-135m` states of
+about 500, 1,500 and 4,000 tokens from each tier, plain and confidential, and compares time to
+first token with a graft from memory and with text prefill; restore and prefill times per arm
+show where the time goes. Medians of --repeat runs, one process, one machine: compare ratios.
 
-    python benchmarks/stores.py [--repeat 5] [--json out.json]
+    python benchmarks/stores.py [--repeat 5] [--tokens 500,1500,4000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -21,32 +23,65 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
 from tqdm import tqdm
 
 from kvrag import KVEngine, load_model
-from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, chunk_digests
+from kvrag.artifacts.digests import CHUNK_BYTES, PayloadLayout, chunk_digests, open_payload
+from kvrag.artifacts.format import StateManifest
 from kvrag.data import long_document
-from kvrag.stores import Checked, PayloadLayout, open_store
+from kvrag.stores import Checked, open_store
 from kvrag.testing import RedisCluster, RedisServer
+from kvrag.trust.payloads import layout_of, seal_payload
 
 QUESTION = "According to the document, who built the lighthouse at Varrow Point, and when?"
+KEY = b"a-benchmark-signing-key"
+CHECKS = ("none", "sha256", "blake3-keyed/1", "aes-256-gcm/1")
 
 
-def verified_restore(store, key: str, digests: list[str], size: int) -> float:
+def layouts(payload: bytes, key: str) -> dict[str, tuple[bytes, PayloadLayout | None]]:
+    """Per check: the bytes to store and the layout a reader checks them by (None: no check)."""
+    arms: dict[str, tuple[bytes, PayloadLayout | None]] = {"none": (payload, None)}
+    digests = chunk_digests(payload)
+    arms["sha256"] = (payload, PayloadLayout(len(payload), CHUNK_BYTES, digests))
+    for confidential in (False, True):
+        stored, seal = seal_payload(payload, KEY, key, CHUNK_BYTES, confidential=confidential)
+        data = bytes(stored.view()) if confidential else stored
+        stored_digests = chunk_digests(data)
+        manifest = StateManifest.model_construct(key=key, payload_bytes=len(data), payload_chunk_bytes=CHUNK_BYTES,
+                                                 payload_chunks=stored_digests, payload_seal=seal, payload_sha256="")
+        arms[seal.scheme] = (data, layout_of(manifest, KEY))
+    return arms
+
+
+def verified_restore(store, key: str, layout: PayloadLayout | None) -> float:
     """A read as the engine's checks make it: the layout known before the payload (as a checked
-    manifest gives it), every chunk's SHA-256 compared, by the store as it reads or here after."""
-    layout = PayloadLayout(size, CHUNK_BYTES, digests)
+    manifest gives it), every chunk checked by the store as it reads, or here after (memory)."""
     began = time.perf_counter()
-    payload = store.read(key, lambda raw: Checked(None, layout)).payload
-    if not (isinstance(payload, CheckedBuffer) and list(payload.chunk_digests) == digests):
-        assert chunk_digests(payload) == digests
+    payload = store.read(key, None if layout is None else lambda raw: Checked(None, layout)).payload
+    if layout is not None:
+        assert open_payload(payload, layout) is not None
     return time.perf_counter() - began
+
+
+def get_loop(server_url: str, store, key: str) -> float:
+    """The frames of `key` fetched by a plain redis-py GET loop, unchecked: the wire's own speed."""
+    record = store.get_record(key)
+    names = [f"{store.prefix}:{{{key}}}:f:{record.payload_id}:{i}" for i in range(len(record.frames))]
+    client = redis.Redis.from_url(server_url)
+    client.get(names[0])
+    began = time.perf_counter()
+    for name in names:
+        assert client.get(name) is not None
+    elapsed = time.perf_counter() - began
+    client.close()
+    return elapsed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=1500)
+    parser.add_argument("--tokens", default="500,1500,4000", help="state lengths, comma-separated")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
@@ -68,58 +103,94 @@ def main() -> None:
         "redis behind the hot tier (missed)": f"memory://?max_mib=1,{server.url}",
         "redis cluster behind the hot tier (missed)": f"memory://?max_mib=1,{cluster.url}",
     }
-    results: dict = {"throughput": [], "ttft": {}}
+    results: dict = {"throughput": [], "ttft": {}, "restore_ms": {}, "prefill_ms": {}, "state_tokens": {}}
+    lengths = [int(t) for t in args.tokens.split(",")]
     try:
         for mib in (64, 256):
             payload = os.urandom(mib << 20)
-            digests = chunk_digests(payload)
             key = f"{mib:04x}" * 16
+            arms = layouts(payload, key)
             for name, url in tqdm(tiers.items(), desc=f"restore {mib} MiB", unit="tier"):
                 store = open_store(url)
-                store.put(key, b"{}", payload)
-                verified_restore(store, key, digests, len(payload))  # warm: page cache, connections
-                times = [verified_restore(store, key, digests, len(payload)) for _ in range(args.repeat)]
-                median = statistics.median(times)
-                results["throughput"].append({"tier": name, "mib": mib, "ms": round(median * 1e3, 1),
-                                              "gib_per_s": round(mib / 1024 / median, 2)})
-                store.delete(key)
+                for check, (data, layout) in arms.items():
+                    store.put(key, b"{}", data)
+                    verified_restore(store, key, layout)  # warm: page cache, connections
+                    times = [verified_restore(store, key, layout) for _ in range(args.repeat)]
+                    median = statistics.median(times)
+                    results["throughput"].append({"tier": name, "check": check, "mib": mib, "ms": round(median * 1e3, 1),
+                                                  "gib_per_s": round(mib / 1024 / median, 2)})
+                    if check == "none" and name == "redis":
+                        loop = statistics.median(get_loop(server.url, store, key) for _ in range(args.repeat))
+                        results["throughput"].append({"tier": name, "check": "plain GET loop", "mib": mib,
+                                                      "ms": round(loop * 1e3, 1), "gib_per_s": round(mib / 1024 / loop, 2)})
+                    store.delete(key)
                 store.close()
-            del payload
+            del payload, arms
 
         model = load_model("smollm2-135m")
-        document = long_document(model.tokenizer, args.tokens)
-        engines = {name: KVEngine(model, url) for name, url in {**tiers, **served}.items()}
-        refs = {name: engine.deposit(document) for name, engine in engines.items()}
-        ttft: dict[str, list[float]] = {name: [] for name in ["text", *engines]}
-        hashes = set()
-        for _ in tqdm(range(args.repeat), desc="time to first token", unit="round"):
-            text = engines["memory"].generate(QUESTION, states=[refs["memory"]], max_new_tokens=1, graft=False)
-            ttft["text"].append(text.receipt.timings.ttft_ms)
-            hashes.add(text.receipt.first_token_logits_sha256)
-            for name, engine in engines.items():
-                graft = engine.generate(QUESTION, states=[refs[name]], max_new_tokens=1)
-                assert graft.receipt.mode == "exact-graft", graft.receipt
-                ttft[name].append(graft.receipt.timings.ttft_ms)
-                hashes.add(graft.receipt.first_token_logits_sha256)
-        results["ttft"] = {name: round(statistics.median(v), 1) for name, v in ttft.items()}
-        results["state_tokens"] = refs["memory"].token_count
-        results["logits_identical"] = len(hashes) == 1
+        arms_urls = {
+            "memory": "memory://",
+            "disk (warm)": f"disk://{tmp / 'states'}",
+            "redis": server.url,
+            "redis cluster": cluster.url,
+            "memory, confidential": "memory://?confidential=1",
+            "disk (warm), confidential": f"disk://{tmp / 'private'}?confidential=1",
+            "redis, confidential": f"{server.url}?confidential=1",
+            **served,
+        }
+        for tokens in lengths:
+            document = long_document(model.tokenizer, tokens)
+            # each arm its own namespace: arms on one server never read each other's states
+            engines = {name: KVEngine(model, url, signing_key=KEY, namespace=f"arm{i}")
+                       for i, (name, url) in enumerate(arms_urls.items())}
+            refs = {name: engine.deposit(document) for name, engine in engines.items()}
+            ttft: dict[str, list[float]] = {name: [] for name in ["text", *engines]}
+            restore: dict[str, list[float]] = {name: [] for name in engines}
+            prefill: dict[str, list[float]] = {name: [] for name in ["text", *engines]}
+            hashes = set()
+            for round_ in tqdm(range(args.repeat), desc=f"time to first token, {tokens} tokens", unit="round"):
+                if round_ < max(1, args.repeat // 2):  # text prefill: the slow arm, fewer rounds
+                    text = engines["memory"].generate(QUESTION, states=[refs["memory"]], max_new_tokens=1, graft=False, memo=False)
+                    ttft["text"].append(text.receipt.timings.ttft_ms)
+                    prefill["text"].append(text.receipt.timings.prefill_ms)
+                    hashes.add(text.receipt.first_token_logits_sha256)
+                for name, engine in engines.items():
+                    graft = engine.generate(QUESTION, states=[refs[name]], max_new_tokens=1, memo=False)
+                    assert graft.receipt.mode == "exact-graft", graft.receipt
+                    ttft[name].append(graft.receipt.timings.ttft_ms)
+                    restore[name].append(graft.receipt.timings.restore_ms)
+                    prefill[name].append(graft.receipt.timings.prefill_ms)
+                    hashes.add(graft.receipt.first_token_logits_sha256)
+            n = refs["memory"].token_count
+            results["state_tokens"][n] = tokens
+            results["ttft"][n] = {name: round(statistics.median(v), 1) for name, v in ttft.items()}
+            results["restore_ms"][n] = {name: round(statistics.median(v), 1) for name, v in restore.items()}
+            results["prefill_ms"][n] = {name: round(statistics.median(v), 1) for name, v in prefill.items()}
+            results.setdefault("logits_identical", {})[n] = len(hashes) == 1
+            for engine in engines.values():
+                engine.store.close()
     finally:
         server.stop()
         cluster.stop()
 
-    print("\nVerified restore throughput (fetch + SHA-256 of every 8 MiB chunk), median of", args.repeat)
-    print("\n| tier | 64 MiB state | 256 MiB state |\n|---|---:|---:|")
-    for name in tiers:
-        cells = [r for r in results["throughput"] if r["tier"] == name]
-        print(f"| {name} | " + " | ".join(f"{r['gib_per_s']} GiB/s ({r['ms']:.0f} ms)" for r in cells) + " |")
-    t = results["ttft"]
-    print(f"\nTime to first token, smollm2-135m, {results['state_tokens']:,}-token state, ~15-token question, median of {args.repeat}")
-    print("\n| arm | TTFT | text prefill / arm | arm / memory graft |\n|---|---:|---:|---:|")
-    for name in ["text", *tiers, *served]:
-        label = "text prefill" if name == "text" else f"graft from {name}"
-        print(f"| {label} | {t[name]:.0f} ms | {t['text'] / t[name]:.1f}x | {t[name] / t['memory']:.2f}x |")
-    print(f"\nfirst-token logits identical in every arm: {'yes' if results['logits_identical'] else 'NO'}")
+    print("\nVerified restore throughput by per-read check (8 MiB chunks), GiB/s, median of", args.repeat)
+    checks = [*CHECKS, "plain GET loop"]
+    for mib in (64, 256):
+        print(f"\n{mib} MiB state\n\n| tier | " + " | ".join(checks) + " |\n|---|" + "---:|" * len(checks))
+        for name in tiers:
+            cells = {r["check"]: r for r in results["throughput"] if r["tier"] == name and r["mib"] == mib}
+            print(f"| {name} | " + " | ".join(f"{cells[c]['gib_per_s']} ({cells[c]['ms']:.0f} ms)" if c in cells else "-"
+                                               for c in checks) + " |")
+    print(f"\nTime to first token, smollm2-135m float32, ~15-token question, median of {args.repeat} (text: of "
+          f"{max(1, args.repeat // 2)}); restore / prefill ms in brackets")
+    for n, t in results["ttft"].items():
+        restore, prefill = results["restore_ms"][n], results["prefill_ms"][n]
+        print(f"\n{n:,}-token state\n\n| arm | TTFT | restore | question forward | arm / memory graft | text / arm |\n|---|---:|---:|---:|---:|---:|")
+        for name in t:
+            label = "text prefill" if name == "text" else f"graft from {name}"
+            print(f"| {label} | {t[name]:.0f} ms | {restore.get(name, 0):.0f} ms | {prefill[name]:.0f} ms | "
+                  f"{t[name] / t['memory']:.2f}x | {t['text'] / t[name]:.1f}x |")
+        print(f"\nfirst-token logits identical in every arm: {'yes' if results['logits_identical'][n] else 'NO'}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2))
 
