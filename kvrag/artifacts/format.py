@@ -204,11 +204,82 @@ def tensor_names(index: int) -> tuple[str, str]:
     return f"layers.{index}.keys", f"layers.{index}.values"
 
 
-def encode_payload(tensors: Mapping[str, torch.Tensor]) -> bytes:
-    """Serialize tensors to safetensors bytes, exactly as they are (same dtype, no conversion)."""
-    from safetensors.torch import save
+def _layer_order(name: str) -> tuple[int, int, str]:
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit() and parts[2] in ("keys", "values"):
+        return int(parts[1]), parts[2] == "values", ""
+    return 1 << 30, 0, name
 
-    return save({name: t.detach().contiguous().cpu() for name, t in tensors.items()})
+
+def encode_payload(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """Safetensors bytes of `tensors`, exactly as they are (same dtype, no conversion), laid out
+    in layer order (layer 0's keys and values first): a reader can use a layer as soon as the
+    chunks up to it are checked, while later layers are still arriving. `safetensors.torch.save`
+    orders by name (layer 10 before layer 2), so the file is written here; safetensors reads it."""
+    names = sorted(tensors, key=_layer_order)
+    prepared = {name: tensors[name].detach().contiguous().cpu() for name in names}
+    header: dict[str, Any] = {}
+    offset = 0
+    for name in names:
+        tensor = prepared[name]
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # safetensors aligns the data to 8 bytes
+    out = bytearray(8 + len(raw) + offset)
+    out[:8] = struct.pack("<Q", len(raw))
+    out[8 : 8 + len(raw)] = raw
+    view = memoryview(out)
+    start = 8 + len(raw)
+    for name in names:
+        tensor = prepared[name]
+        begin, end = header[name]["data_offsets"]
+        if end > begin:
+            view[start + begin : start + end] = tensor.reshape(-1).view(torch.uint8).numpy().data
+    return bytes(out)
+
+
+def payload_plan(view: memoryview, manifest: StateManifest) -> tuple[dict[str, tuple[torch.dtype, tuple[int, ...], int, int]], int]:
+    """Each tensor's dtype, shape and byte range in a plaintext payload, from its safetensors header
+    (`view` needs to hold only the header), checked against the manifest's layers: no tensor
+    missing, extra, of another dtype or shape, overlapping, leaving holes or overrunning the
+    payload's size. Also returns where the header ends."""
+    header, data_start = _read_header(view, manifest.plain_bytes)
+    expected = {}
+    for index, layer in enumerate(manifest.layers):
+        key_name, value_name = tensor_names(index)
+        expected[key_name] = (layer.dtype, layer.key_shape)
+        expected[value_name] = (layer.dtype, layer.value_shape)
+    if set(header) != set(expected):
+        raise IntegrityError(f"state {manifest.key[:12]}: payload tensors do not match the manifest's layers")
+    plan: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
+    cursor = data_start
+    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+        dtype, shape = expected[name]
+        if entry["dtype"] != dtype or tuple(entry["shape"]) != tuple(shape):
+            raise IntegrityError(f"state {manifest.key[:12]}: tensor {name} is {entry['dtype']}{entry['shape']}, manifest says {dtype}{list(shape)}")
+        begin, end = (data_start + offset for offset in entry["data_offsets"])
+        count = 1
+        for dim in shape:
+            count *= dim
+        torch_dtype = _DTYPES[dtype]
+        if begin != cursor or end - begin != count * torch_dtype.itemsize or end > manifest.plain_bytes:
+            raise IntegrityError(f"state {manifest.key[:12]}: tensor {name} has offsets that overlap, leave holes or overrun")
+        cursor = end
+        plan[name] = (torch_dtype, tuple(shape), begin, end)
+    if cursor != manifest.plain_bytes:
+        raise IntegrityError(f"state {manifest.key[:12]}: payload has trailing bytes")
+    return plan, data_start
+
+
+def tensor_over(buffer: Any, dtype: torch.dtype, shape: tuple[int, ...], begin: int, end: int) -> torch.Tensor:
+    """A tensor viewing bytes [begin, end) of `buffer` (no copy; kvrag never writes into it)."""
+    count = (end - begin) // dtype.itemsize
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # read-only buffers: kvrag never writes into restored tensors
+        flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=begin) if count else torch.empty(0, dtype=dtype)
+    return flat.view(shape)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -234,42 +305,21 @@ def decode_payload(buffer: Any, manifest: StateManifest, layout: PayloadLayout |
     view = opened.view() if isinstance(opened, CheckedBuffer) else opened
     if len(view) != layout.plaintext_bytes:
         raise IntegrityError(f"state {manifest.key[:12]}: payload is {len(view)} bytes, manifest says {layout.plaintext_bytes}")
-    header, data_start = _read_header(view)
-    expected = {}
-    for index, layer in enumerate(manifest.layers):
-        key_name, value_name = tensor_names(index)
-        expected[key_name] = (layer.dtype, layer.key_shape)
-        expected[value_name] = (layer.dtype, layer.value_shape)
-    if set(header) != set(expected):
-        raise IntegrityError(f"state {manifest.key[:12]}: payload tensors do not match the manifest's layers")
-    tensors: dict[str, torch.Tensor] = {}
-    cursor = data_start
-    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-        dtype, shape = expected[name]
-        if entry["dtype"] != dtype or tuple(entry["shape"]) != tuple(shape):
-            raise IntegrityError(f"state {manifest.key[:12]}: tensor {name} is {entry['dtype']}{entry['shape']}, manifest says {dtype}{list(shape)}")
-        begin, end = (data_start + offset for offset in entry["data_offsets"])
-        count = 1
-        for dim in shape:
-            count *= dim
-        torch_dtype = _DTYPES[dtype]
-        if begin != cursor or end - begin != count * torch_dtype.itemsize or end > len(view):
-            raise IntegrityError(f"state {manifest.key[:12]}: tensor {name} has offsets that overlap, leave holes or overrun")
-        cursor = end
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # read-only buffers: kvrag never writes into restored tensors
-            flat = torch.frombuffer(view, dtype=torch_dtype, count=count, offset=begin) if count else torch.empty(0, dtype=torch_dtype)
-        tensors[name] = flat.view(shape)
-    if cursor != len(view):
-        raise IntegrityError(f"state {manifest.key[:12]}: payload has trailing bytes")
-    return tensors
+    plan, _ = payload_plan(view, manifest)
+    return {name: tensor_over(view, *entry) for name, entry in plan.items()}
 
 
-def _read_header(view: memoryview) -> tuple[dict[str, dict[str, Any]], int]:
-    if len(view) < 8:
+def header_bytes(view: memoryview) -> int:
+    """How many bytes of a payload's start hold its safetensors header (after its first 8)."""
+    (header_len,) = struct.unpack("<Q", view[:8])
+    return 8 + min(header_len, MAX_HEADER_BYTES + 1)
+
+
+def _read_header(view: memoryview, size: int) -> tuple[dict[str, dict[str, Any]], int]:
+    if len(view) < 8 or size < 8:
         raise IntegrityError("payload is too short to hold a safetensors header")
     (header_len,) = struct.unpack("<Q", view[:8])
-    if header_len > MAX_HEADER_BYTES or 8 + header_len > len(view):
+    if header_len > MAX_HEADER_BYTES or 8 + header_len > min(len(view), size):
         raise IntegrityError(f"payload header claims {header_len} bytes; refusing to read it")
     raw = bytes(view[8 : 8 + header_len])
     # A genuine header nests three deep and opens about three brackets per tensor: bounding the

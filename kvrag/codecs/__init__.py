@@ -2,8 +2,8 @@
 
 `codecs_for(model)` says how each of a model's cache layers is extracted, checked and grafted
 (`kvrag.codecs.full`, `kvrag.codecs.sliding`); `extract` reads a just-prefilled segment out of a
-cache; `install` sets a cache from stored parts. A new kind of layer is one new codec module,
-added to `CODECS`.
+cache; `install` sets a cache from stored parts, at once or (`GraftCache.defer`) each layer when
+the forward first reaches it. A new kind of layer is one new codec module, added to `CODECS`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from kvrag.errors import ModelError
 # signatures still take `past_key_values` (a `cache=` argument is silently ignored there).
 warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
 
-__all__ = ["LayerCodec", "FullAttention", "SlidingWindow", "CODECS", "StatePart", "new_cache", "codecs_for",
+__all__ = ["LayerCodec", "FullAttention", "SlidingWindow", "CODECS", "StatePart", "GraftCache", "new_cache", "codecs_for",
            "extract", "install", "truncated"]
 
 CODECS: tuple[type[LayerCodec], ...] = (FullAttention, SlidingWindow)
@@ -41,8 +41,48 @@ class StatePart:
     tensors: dict[str, torch.Tensor]
 
 
-def new_cache(hf_model: Any) -> DynamicCache:
-    return DynamicCache(config=hf_model.config)
+class GraftCache(DynamicCache):
+    """A `DynamicCache` whose grafted layers may be installed late: `defer(i, install)` runs
+    `install()` when the forward first touches layer i (its update, length or mask sizes), so a
+    streamed state's later layers can still be arriving while the forward computes earlier ones.
+    `settle()` runs whatever is still deferred."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._deferred: dict[int, Any] = {}
+
+    def defer(self, layer_idx: int, install: Any) -> None:
+        self._deferred[layer_idx] = install
+
+    def _ready(self, layer_idx: int) -> None:
+        if self._deferred:
+            install = self._deferred.pop(layer_idx, None)
+            if install is not None:
+                install()
+
+    def settle(self) -> None:
+        for layer_idx in sorted(self._deferred):
+            self._ready(layer_idx)
+
+    @property
+    def deferred(self) -> bool:
+        return bool(self._deferred)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        self._ready(layer_idx)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        self._ready(layer_idx)
+        return super().get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: Any, layer_idx: int) -> tuple[int, int]:
+        self._ready(layer_idx)
+        return super().get_mask_sizes(query_length, layer_idx)
+
+
+def new_cache(hf_model: Any) -> GraftCache:
+    return GraftCache(config=hf_model.config)
 
 
 def codecs_for(hf_model: Any) -> list[LayerCodec]:
@@ -72,18 +112,27 @@ def extract(codecs: Sequence[LayerCodec], cache: DynamicCache, start: int, end: 
     return entries, tensors
 
 
-def install(codecs: Sequence[LayerCodec], cache: DynamicCache, parts: Sequence[StatePart], device: torch.device) -> None:
-    """Install consecutive parts onto `cache`, which must hold exactly positions [0, parts[0].start)."""
+def install(codecs: Sequence[LayerCodec], cache: DynamicCache, parts: Sequence[StatePart], device: torch.device, *,
+            deferred: bool = False) -> None:
+    """Install consecutive parts onto `cache`, which must hold exactly positions [0, parts[0].start);
+    `deferred` (a `GraftCache`): each layer when the forward first reaches it."""
     if not parts:
         return
     for index, (codec, layer) in enumerate(zip(codecs, cache.layers)):
         key_name, value_name = tensor_names(index)
-        codec.install(
-            layer,
-            [p.tensors[key_name].to(device) for p in parts],
-            [p.tensors[value_name].to(device) for p in parts],
-            parts[-1].end,
-        )
+
+        def one(codec: LayerCodec = codec, layer: Any = layer, key_name: str = key_name, value_name: str = value_name) -> None:
+            codec.install(
+                layer,
+                [p.tensors[key_name].to(device) for p in parts],
+                [p.tensors[value_name].to(device) for p in parts],
+                parts[-1].end,
+            )
+
+        if deferred and isinstance(cache, GraftCache):
+            cache.defer(index, one)
+        else:
+            one()
 
 
 def truncated(codecs: Sequence[LayerCodec], part: StatePart, end: int) -> StatePart:

@@ -1,7 +1,9 @@
 """A cache being filled segment by segment: stored parts grafted, text prefilled, both timed.
 
 Consecutive grafts are queued and grafted in one go (one concatenation per layer); text is
-prefilled in order after whatever was queued. The counters and timings feed the receipt.
+prefilled in order after whatever was queued. A streamed state's layers are grafted as the
+forward reaches them (`GraftCache.defer`), so its restore and the forward overlap; its restore
+time is the read's whole duration. The counters and timings feed the receipt.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class Graftable:
     tier: str
     notes: str | None = None
     text_before: Sequence[int] = field(default_factory=tuple)
+    #: the read still in progress (`kvrag.core.streaming.ChunkProgress`) when the part is streamed
+    stream: Any = None
 
 
 class Prefill:
@@ -34,6 +38,7 @@ class Prefill:
         self.runner = runner
         self.cache: Any = runner.new_cache()
         self.pending: list[StatePart] = []
+        self.streams: list[Any] = []
         self.restore_s = self.prefill_s = 0.0
         self.reused = self.prefilled = 0
 
@@ -41,23 +46,41 @@ class Prefill:
         """Fetch a part with `fetch()` (which raises a `StateError` to refuse it) and queue it."""
         fetched = self.fetch(fetch)
         self.pending.append(fetched.part)
+        if fetched.stream is not None:
+            self.streams.append(fetched.stream)
         self.reused += fetched.part.end - fetched.part.start
         return fetched
 
-    def flush(self) -> None:
+    def flush(self, *, deferred: bool = False) -> None:
+        """Graft what is queued; `deferred`: a streamed part's layers as the next forward reaches them."""
         t = time.perf_counter()
-        install(self.runner.codecs, self.cache, self.pending, self.runner.device)
+        install(self.runner.codecs, self.cache, self.pending, self.runner.device, deferred=deferred and bool(self.streams))
         self.pending = []
+        if not deferred:
+            self.cache.settle()
         self.restore_s += time.perf_counter() - t
 
     def text(self, ids: Sequence[int]) -> torch.Tensor:
         """Prefill `ids` in one forward call after everything queued; the last position's logits."""
-        self.flush()
+        self.flush(deferred=True)
         t = time.perf_counter()
         logits = self.runner.forward(ids, self.cache)
+        self.cache.settle()
         self.prefill_s += time.perf_counter() - t
         self.prefilled += len(ids)
         return logits
+
+    def end_streams(self, deadline: Any) -> dict[str, str | None]:
+        """Wait (within `deadline`) for the streamed reads to end; each one's notes on the tiers
+        that missed, by key. Its read's whole duration, overlapped with the forward, is its
+        restore time. Raises `StreamFailed` if a read ended badly: the forward is not used."""
+        notes = {}
+        for stream in self.streams:
+            stream.settle(deadline)
+            self.restore_s += stream.finished_s or 0.0
+            notes[stream.key] = stream.result.notes
+        self.streams = []
+        return notes
 
     def fetch(self, fetch: Callable[[], Graftable]) -> Graftable:
         """`fetch()`, timed as restore, with any ids it needs read as text first prefilled."""

@@ -3,9 +3,11 @@ acceptance checks, for one state or for the chain that ends at one."""
 
 from __future__ import annotations
 
+from kvrag.codecs import StatePart
 from kvrag.core.acceptance import Restored, StateAcceptance
 from kvrag.core.prefill import Graftable
 from kvrag.core.schedule import Segment
+from kvrag.core.streaming import StreamedTensors, start_stream
 from kvrag.stores import Found, StateStore
 from kvrag.stores.deadline import Deadline
 
@@ -22,9 +24,23 @@ class Restorer:
         `StateError` saying why none did."""
         return self.store.fetch(key, self.acceptance.expecting(key, expect), deadline)
 
-    def graftable(self, segment: Segment, deadline: Deadline | None = None) -> Graftable:
-        """`segment`'s state as a part to graft, with notes on the tiers that could not serve it."""
-        found = self.fetch(segment.key, segment, deadline)
+    def graftable(self, segment: Segment, deadline: Deadline | None = None, *, stream: bool = False) -> Graftable:
+        """`segment`'s state as a part to graft, with notes on the tiers that could not serve it.
+
+        `stream`: returned as soon as its manifest is accepted, its layers' tensors arriving while
+        the forward that uses them runs (see `kvrag.core.streaming`)."""
+        if not stream:
+            found = self.fetch(segment.key, segment, deadline)
+            return Graftable(found.value.part, found.tier, found.notes)
+        progress = start_stream(self.store, segment.key, self.acceptance.expecting(segment.key, segment), deadline)
+        if progress.result is None and progress.failure is None and progress.manifest is not None:
+            manifest = progress.manifest
+            tensors = StreamedTensors(segment.key, progress, deadline)
+            return Graftable(StatePart(manifest.start, manifest.end, manifest.layers, tensors), progress.tier or "",
+                             stream=progress)
+        progress.wait(lambda: progress.result is not None, deadline)  # raises the read's own error
+        assert progress.result is not None
+        found = progress.result
         return Graftable(found.value.part, found.tier, found.notes)
 
     def chain(self, key: str | None, deadline: Deadline | None = None) -> list[Restored]:

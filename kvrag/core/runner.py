@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from kvrag.codecs import LayerCodec, codecs_for, new_cache
+from kvrag.codecs import GraftCache, LayerCodec, codecs_for, new_cache
 from kvrag.core.sampling import Sampler, Sampling
 from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS
 from kvrag.models.loading import LoadedModel
@@ -51,6 +51,8 @@ class ModelRunner:
         ids = list(ids)
         padding = self._padding(len(ids))
         if padding:
+            if isinstance(cache, GraftCache):  # a deferred graft is installed before its layers are read here
+                cache.settle()
             held = [(layer.keys, layer.values) if layer.is_initialized else None for layer in cache.layers]
             ids = ids + [ids[-1]] * padding
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)

@@ -22,6 +22,7 @@ from kvrag.core.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import ModelRunner, logits_sha256
 from kvrag.core.schedule import Segment, StateRef
+from kvrag.core.streaming import StreamFailed
 from kvrag.core.whereabouts import Whereabouts
 from kvrag.errors import ModelError, StateError
 from kvrag.reuse.approximate import moved_graft
@@ -39,8 +40,10 @@ class Continuer:
 
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout, identity: EngineIdentity,
                  deadline_s: float, prefixes: PrefixRecords | None = None,
-                 whereabouts: Whereabouts | None = None) -> None:
+                 whereabouts: Whereabouts | None = None, *, stream_grafts: bool = True) -> None:
         self.runner = runner
+        #: grafts begin before their states have arrived (`kvrag.core.streaming`)
+        self.stream_grafts = stream_grafts
         self.whereabouts = whereabouts
         self.prefixes = prefixes
         self.identity = identity
@@ -51,9 +54,8 @@ class Continuer:
     def stream(self, continuation: Continuation) -> GenerationStream:
         return GenerationStream(self._steps(continuation))
 
-    def _context(self, run: Prefill, c: Continuation) -> list[StateUse]:
+    def _context(self, run: Prefill, c: Continuation, deadline: Deadline, *, stream: bool) -> list[StateUse]:
         uses: list[StateUse] = []
-        deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
         covered = 0
         if c.any_boundary and c.graft and not c.memo and self.prefixes is not None and c.context:
             own = self._own_stored_run(c.context, deadline)
@@ -79,7 +81,7 @@ class Continuer:
                 uses.append(StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation"))
                 continue
             try:
-                grafted = run.graft(lambda: self.restorer.graftable(segment, deadline))
+                grafted = run.graft(lambda: self.restorer.graftable(segment, deadline, stream=stream))
                 uses.append(StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes))
                 continue
             except StateError as e:
@@ -180,9 +182,20 @@ class Continuer:
 
     def _steps(self, c: Continuation) -> Iterator[str]:
         began = time.perf_counter()
+        deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
         run = Prefill(self.runner)
-        uses = self._context(run, c)
-        logits = run.text(c.feed)
+        try:
+            uses = self._context(run, c, deadline, stream=self.stream_grafts)
+            logits = run.text(c.feed)
+            notes = run.end_streams(deadline)
+            uses = [u.model_copy(update={"detail": notes[u.key]}) if u.source == "graft" and u.key in notes else u
+                    for u in uses]
+        except StreamFailed:
+            # a streamed state failed after its graft began: its cache is dropped and the whole
+            # context read again, nothing streamed (the next tier or the text answers for it)
+            run = Prefill(self.runner)
+            uses = self._context(run, c, deadline, stream=False)
+            logits = run.text(c.feed)
         first_logits = logits.clone()
         limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
         sampler = self.runner.sampler(c.sampling)

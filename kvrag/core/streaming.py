@@ -1,0 +1,230 @@
+"""A graft that starts before its state has arrived: layers used as soon as their chunks are checked.
+
+A state's payload lies in layer order (`kvrag.artifacts.format.encode_payload`). A streamed
+restore runs the store's checked read on a thread of its own; each chunk the store's hashing
+threads open is noted here (`ChunkProgress`), and the question's forward, reaching layer i, asks
+for layer i's tensors (`StreamedTensors`), waiting only for the chunks that hold them. So the
+forward never sees an unchecked byte. If any chunk fails its check, or a second tier has to be
+read, the stream fails: the forward that was waiting raises `StreamFailed`, its cache is thrown
+away, and the continuation is read again without streaming (the next tier or the text answers).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import lru_cache
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from kvrag.artifacts.digests import ChunkOpener, PayloadLayout
+from kvrag.artifacts.format import StateManifest, header_bytes, payload_plan, tensor_over
+from kvrag.core.acceptance import Restored
+from kvrag.errors import IntegrityError, KVRagError, StateError, StoreUnavailableError
+from kvrag.stores import Checked, Found, StateStore
+from kvrag.stores.deadline import Deadline
+
+__all__ = ["ChunkProgress", "StreamFailed", "StreamedTensors", "start_stream"]
+
+
+class StreamFailed(KVRagError):
+    """A streamed state failed after its graft began: the continuation is read again without
+    streaming. Not a `StateError`: no handler of one state's miss may take it for its own."""
+
+    def __init__(self, key: str, cause: StateError) -> None:
+        super().__init__(f"state {key[:12]} failed while streamed: {cause}")
+        self.key = key
+        self.cause = cause
+
+
+@lru_cache(maxsize=1)
+def _readers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvrag-stream")
+
+
+class ChunkProgress:
+    """Which chunks of one read are checked, where their plaintext lies, and how the read ended."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._cond = threading.Condition()
+        self.manifest: StateManifest | None = None
+        self.layout: PayloadLayout | None = None
+        self.tier: str | None = None
+        self._buffer: Any = None
+        self._opened: set[int] = set()
+        self.failure: StateError | None = None
+        self.result: Found[Restored] | None = None
+        self.began = time.perf_counter()
+        self.finished_s: float | None = None
+
+    # --- reported by the read, on the store's threads
+    def accepted(self, manifest: StateManifest, layout: PayloadLayout, tier: str) -> bool:
+        """The manifest passed; False if one was accepted already (a second tier: not streamed)."""
+        with self._cond:
+            if self.manifest is not None:
+                self._fail(StoreUnavailableError("the state's first tier failed after its manifest was accepted"))
+                return False
+            self.manifest, self.layout, self.tier = manifest, layout, tier
+            self._cond.notify_all()
+            return True
+
+    def opened(self, index: int, plain: memoryview, ok: bool) -> None:
+        with self._cond:
+            if not ok:
+                self._fail(IntegrityError(f"chunk {index} did not pass its check"))
+                return
+            if self._buffer is None:
+                self._buffer = plain.obj  # the one plaintext buffer every chunk's view slices
+            self._opened.add(index)
+            self._cond.notify_all()
+
+    def finish(self, future: Future) -> None:
+        with self._cond:
+            self.finished_s = time.perf_counter() - self.began
+            error = future.exception()
+            if error is None:
+                self.result = future.result()
+            elif isinstance(error, StateError):
+                self._fail(error)
+            else:
+                self._fail(IntegrityError(f"the read failed: {type(error).__name__}: {str(error)[:200]}"))
+            self._cond.notify_all()
+
+    def _fail(self, error: StateError) -> None:
+        if self.failure is None:
+            self.failure = error
+        self._cond.notify_all()
+
+    # --- asked by the forward, on the caller's thread
+    def wait(self, ready: Any, deadline: Deadline | None) -> None:
+        """Until `ready()` holds, or the read failed (its error, raised) or finished. The read itself
+        is bounded by `deadline` (the store's guard ends it with a timeout), so the wait is too; a
+        last-resort limit a second past it guards against a read that never reports."""
+        limit = None if deadline is None else time.monotonic() + max(deadline.remaining(), 0.0) + 1.0
+        with self._cond:
+            while not (self.failure is not None or self.result is not None or ready()):
+                remaining = None if limit is None else limit - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    self._fail(StoreUnavailableError("the state did not arrive within the question's deadline"))
+                    break
+                self._cond.wait(remaining)
+            if self.failure is not None:
+                raise self.failure
+
+    def settle(self, deadline: Deadline | None) -> None:
+        """Wait for the read to end; `StreamFailed` unless it ended well."""
+        try:
+            self.wait(lambda: False, deadline)
+        except StateError as e:
+            raise StreamFailed(self.key, e) from e
+        if self.result is None:  # ended by the deadline, with no failure recorded
+            raise StreamFailed(self.key, StoreUnavailableError("the state's read did not end within the deadline"))
+
+    @property
+    def buffer(self) -> Any:
+        """The plaintext buffer the opened chunks lie in (None before the first is opened)."""
+        return self._buffer
+
+    def chunks_ready(self, first: int, last: int) -> bool:
+        return all(i in self._opened for i in range(first, last + 1))
+
+
+class _StreamOpener(ChunkOpener):
+    """The layout's own check, each result noted in the progress."""
+
+    def __init__(self, inner: ChunkOpener, progress: ChunkProgress) -> None:
+        self.inner, self.progress = inner, progress
+        self.name, self.in_place, self.overhead = inner.name, inner.in_place, inner.overhead
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        return self.inner.identity
+
+    def open(self, index: int, stored: memoryview, out: memoryview) -> bool:
+        ok = self.inner.open(index, stored, out)
+        self.progress.opened(index, out, ok)
+        return ok
+
+
+class _StreamCheck:
+    """A reader's `StateCheck` whose accepted manifest and opened chunks are reported as they happen."""
+
+    def __init__(self, check: Any, progress: ChunkProgress) -> None:
+        self.check, self.progress = check, progress
+
+    def manifest(self, raw: bytes, store: StateStore) -> Checked:
+        checked = self.check.manifest(raw, store)
+        layout = checked.layout
+        assert layout is not None
+        streamed = PayloadLayout(layout.size, layout.chunk_bytes, layout.chunks, _StreamOpener(layout.check, self.progress),
+                                 layout.plain_size)
+        if not self.progress.accepted(checked.value, layout, store.url):
+            return checked  # a later tier: read as usual, for the promotion (the stream has failed)
+        return Checked(checked.value, streamed)
+
+    def payload(self, manifest: Any, payload: Any) -> Restored:
+        return self.check.payload(manifest, payload)
+
+
+class StreamedTensors(Mapping[str, torch.Tensor]):
+    """A streamed state's tensors by name: each waits for the chunks that hold it, then views them."""
+
+    def __init__(self, key: str, progress: ChunkProgress, deadline: Deadline | None) -> None:
+        self.key, self.progress, self.deadline = key, progress, deadline
+        assert progress.manifest is not None and progress.layout is not None
+        self.manifest, self.layout = progress.manifest, progress.layout
+        self._plan: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] | None = None
+        self._names = [n for i in range(len(self.manifest.layers)) for n in (f"layers.{i}.keys", f"layers.{i}.values")]
+
+    def _chunk_of(self, offset: int) -> int:
+        return offset // (self.layout.chunk_bytes - self.layout.check.overhead)
+
+    def _get(self, name: str) -> torch.Tensor:
+        progress = self.progress
+        try:
+            if self._plan is None:
+                progress.wait(lambda: progress.chunks_ready(0, 0), self.deadline)
+                if progress.result is None:
+                    head = memoryview(progress.buffer)[:16]
+                    need = header_bytes(head) if len(head) >= 8 else 8
+                    last = self._chunk_of(max(need, 1) - 1)
+                    progress.wait(lambda: progress.chunks_ready(0, last), self.deadline)
+            if progress.result is not None:
+                return progress.result.value.part.tensors[name]
+            if self._plan is None:
+                self._plan, _ = payload_plan(memoryview(progress.buffer), self.manifest)
+            dtype, shape, begin, end = self._plan[name]
+            first, last = self._chunk_of(begin), self._chunk_of(max(end, begin + 1) - 1)
+            progress.wait(lambda: progress.chunks_ready(first, last), self.deadline)
+            if progress.result is not None:
+                return progress.result.value.part.tensors[name]
+            return tensor_over(progress.buffer, dtype, shape, begin, end)
+        except StateError as e:
+            raise StreamFailed(self.key, e) from e
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def start_stream(store: StateStore, key: str, check: Any, deadline: Deadline | None) -> ChunkProgress:
+    """Start reading `key` through `check` on a thread of its own; returns once its manifest is
+    accepted (`progress.manifest` set) or the read ended (`progress.result` or `progress.failure`)."""
+    progress = ChunkProgress(key)
+    future = _readers().submit(store.fetch, key, _StreamCheck(check, progress), deadline)
+    future.add_done_callback(progress.finish)
+    try:
+        progress.wait(lambda: progress.manifest is not None, deadline)
+    except StateError:
+        pass  # the caller reads `progress.failure`
+    return progress
