@@ -70,6 +70,17 @@ class Prefill:
         self.prefilled += len(ids)
         return logits
 
+    def drop_streams(self, deadline: Any) -> dict[str, Any]:
+        """After a stream failed: wait (within `deadline`) for the streamed reads to end, and return
+        those that a later tier served whole and checked (`Found`s by key), to graft unstreamed."""
+        found = {}
+        for stream in self.streams:
+            result = stream.ended(deadline)
+            if result is not None:
+                found[stream.key] = result
+        self.streams = []
+        return found
+
     def end_streams(self, deadline: Any) -> dict[str, str | None]:
         """Wait (within `deadline`) for the streamed reads to end; each one's notes on the tiers
         that missed, by key. Its read's whole duration, overlapped with the forward, is its
@@ -77,7 +88,7 @@ class Prefill:
         notes = {}
         for stream in self.streams:
             stream.settle(deadline)
-            self.restore_s += stream.finished_s or 0.0
+            self.restore_s += max(0.0, (stream.finished_s or 0.0) - stream.accepted_s)  # the rest was timed in `fetch`
             notes[stream.key] = stream.result.notes
         self.streams = []
         return notes

@@ -59,6 +59,9 @@ class ChunkProgress:
         self.result: Found[Restored] | None = None
         self.began = time.perf_counter()
         self.finished_s: float | None = None
+        self.accepted_s = 0.0
+        #: the read has ended (well: `result`; badly: `failure`)
+        self.done = False
 
     # --- reported by the read, on the store's threads
     def accepted(self, manifest: StateManifest, layout: PayloadLayout, tier: str) -> bool:
@@ -68,6 +71,7 @@ class ChunkProgress:
                 self._fail(StoreUnavailableError("the state's first tier failed after its manifest was accepted"))
                 return False
             self.manifest, self.layout, self.tier = manifest, layout, tier
+            self.accepted_s = time.perf_counter() - self.began
             self._cond.notify_all()
             return True
 
@@ -83,6 +87,7 @@ class ChunkProgress:
 
     def finish(self, future: Future) -> None:
         with self._cond:
+            self.done = True
             self.finished_s = time.perf_counter() - self.began
             error = future.exception()
             if error is None:
@@ -113,6 +118,18 @@ class ChunkProgress:
                 self._cond.wait(remaining)
             if self.failure is not None:
                 raise self.failure
+
+    def ended(self, deadline: Deadline | None) -> Found[Restored] | None:
+        """Wait for the read to end, however it ends (within `deadline` and a second); what it found
+        whole and checked, if anything (a later tier's copy, after this tier's stream failed)."""
+        limit = None if deadline is None else time.monotonic() + max(deadline.remaining(), 0.0) + 1.0
+        with self._cond:
+            while not self.done:
+                remaining = None if limit is None else limit - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return self.result
 
     def settle(self, deadline: Deadline | None) -> None:
         """Wait for the read to end; `StreamFailed` unless it ended well."""

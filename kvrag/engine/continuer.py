@@ -54,8 +54,12 @@ class Continuer:
     def stream(self, continuation: Continuation) -> GenerationStream:
         return GenerationStream(self._steps(continuation))
 
-    def _context(self, run: Prefill, c: Continuation, deadline: Deadline, *, stream: bool) -> list[StateUse]:
+    def _context(self, run: Prefill, c: Continuation, deadline: Deadline, *, stream: bool,
+                 read: dict[str, Found[Restored]] | None = None) -> list[StateUse]:
+        """Graft or prefill the context; `read`: states a failed stream's read went on to find whole
+        in a later tier (checked there), grafted as they are."""
         uses: list[StateUse] = []
+        read = read or {}
         covered = 0
         if c.any_boundary and c.graft and not c.memo and self.prefixes is not None and c.context:
             own = self._own_stored_run(c.context, deadline)
@@ -81,7 +85,9 @@ class Continuer:
                 uses.append(StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation"))
                 continue
             try:
-                grafted = run.graft(lambda: self.restorer.graftable(segment, deadline, stream=stream))
+                found = read.get(segment.key)
+                grafted = run.graft(lambda: Graftable(found.value.part, found.tier, found.notes) if found is not None
+                                    else self.restorer.graftable(segment, deadline, stream=stream))
                 uses.append(StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes))
                 continue
             except StateError as e:
@@ -192,9 +198,11 @@ class Continuer:
                     for u in uses]
         except StreamFailed:
             # a streamed state failed after its graft began: its cache is dropped and the whole
-            # context read again, nothing streamed (the next tier or the text answers for it)
+            # context read again, nothing streamed (what a later tier served whole is grafted as it
+            # came; otherwise the next tier or the text answers for it)
+            found = run.drop_streams(deadline)
             run = Prefill(self.runner)
-            uses = self._context(run, c, deadline, stream=False)
+            uses = self._context(run, c, deadline, stream=False, read=found)
             logits = run.text(c.feed)
         first_logits = logits.clone()
         limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)

@@ -78,6 +78,7 @@ class KVEngine:
         blend_limits: BlendLimits | None = None,
         layout: LayoutKind | None = None,
         confidential: bool | None = None,
+        stream_grafts: bool = True,
     ) -> None:
         """`signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key),
         an operator's key or a tenant's (`kvrag.trust.tenants`); `allow_unsigned`: also graft unsigned
@@ -89,7 +90,9 @@ class KVEngine:
         `layout`: how documents and a question are laid out (`chat` for a model with a chat
         template, `completion` for a base model without one: the default follows the model);
         `confidential`: encrypt every state and record this engine writes under its tenant's key
-        (default: whether the store URL says `?confidential=1`; see `kvrag.trust.confidential`)."""
+        (default: whether the store URL says `?confidential=1`; see `kvrag.trust.confidential`);
+        `stream_grafts`: a graft begins while its state is still arriving, each layer used once its
+        chunks are checked (`kvrag.core.streaming`); False waits for the whole state first."""
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
         #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
@@ -118,7 +121,7 @@ class KVEngine:
         #: under the invariant kernel, states serve any prompt that begins with their tokens
         self.prefixes = PrefixRecords(self.records, self.identity.scope) if model.attn == INVARIANT else None
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, deadline_s, self.prefixes,
-                                   self.whereabouts)
+                                   self.whereabouts, stream_grafts=stream_grafts)
         self.memo = Memo(self)
         self.gate = BlendGate(self)
 

@@ -128,3 +128,24 @@ def test_a_manifest_whose_seal_does_not_cover_its_payload_is_malformed(seal):
     manifest["payload_seal"] = seal
     with pytest.raises(IntegrityError, match="malformed"):
         parse_manifest(json.dumps(manifest))
+
+
+def test_payloads_lie_in_layer_order_and_read_back_with_safetensors_itself():
+    import torch
+    from safetensors.torch import load
+
+    from kvrag.artifacts.format import encode_payload
+
+    tensors = {}
+    for i in range(12):  # past 10: name order would put layer 10 before layer 2
+        for part, dtype in (("keys", torch.bfloat16), ("values", torch.bfloat16)):
+            tensors[f"layers.{i}.{part}"] = torch.randn(1, 2, 3 + i, 4).to(dtype)
+    raw = encode_payload(dict(reversed(list(tensors.items()))))
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + header_len])
+    order = sorted(header, key=lambda name: header[name]["data_offsets"][0])
+    assert order == [f"layers.{i}.{part}" for i in range(12) for part in ("keys", "values")]
+    assert (8 + header_len) % 8 == 0
+    loaded = load(raw)
+    assert set(loaded) == set(tensors)
+    assert all(torch.equal(loaded[name].view(torch.uint16), tensors[name].view(torch.uint16)) for name in tensors)
