@@ -7,8 +7,8 @@ keyed tags), the keyed BLAKE3 tag every state carries now, and AES-256-GCM (conf
 the check also decrypts). Beside them, the same bytes with no check at all, and for Redis a plain
 redis-py `GET` loop over the frames: the wire's own speed. Part 2 grafts `smollm2-135m` states of
 about 500, 1,500 and 4,000 tokens from each tier, plain and confidential, and compares time to
-first token with a graft from memory and with text prefill, each streamed (the question's forward
-starts once layer 0 is checked; the default) and unstreamed (the whole state read first);
+first token with a graft from memory and with text prefill, read whole before the forward (the
+default) and, for some, streamed (the question's forward starts once layer 0 is checked);
 restore and forward times per arm, and how much of them overlapped, show where the time goes. Medians of --repeat runs, one process, one machine: compare ratios.
 
     python benchmarks/stores.py [--repeat 5] [--tokens 500,1500,4000] [--json out.json]
@@ -139,15 +139,15 @@ def main() -> None:
             "redis, confidential": f"{server.url}?confidential=1",
             **served,
         }
-        # the same tiers with the whole state read before the forward starts (as before streaming)
-        unstreamed = ("memory", "disk (warm)", "redis", "redis cluster", "redis, confidential")
-        arms_urls.update({f"{name}, unstreamed": arms_urls[name] for name in unstreamed})
+        # the same tiers with the graft streamed: the forward starts once layer 0 is checked
+        streamed = ("memory", "disk (warm)", "redis", "redis cluster", "redis, confidential")
+        arms_urls.update({f"{name}, streamed": arms_urls[name] for name in streamed})
         for tokens in lengths:
             document = long_document(model.tokenizer, tokens)
-            # each tier URL its own namespace: arms on one server never read each other's states (an
-            # unstreamed arm reads its streamed twin's)
+            # each tier URL its own namespace: arms on one server never read each other's states (a
+            # streamed arm reads its unstreamed twin's)
             spaces = {url: f"arm{i}" for i, url in enumerate(dict.fromkeys(arms_urls.values()))}
-            engines = {name: KVEngine(model, url, signing_key=KEY, namespace=spaces[url], stream_grafts="unstreamed" not in name)
+            engines = {name: KVEngine(model, url, signing_key=KEY, namespace=spaces[url], stream_grafts=name.endswith("streamed"))
                        for name, url in arms_urls.items()}
             refs = {name: engine.deposit(document) for name, engine in engines.items()}
             ttft: dict[str, list[float]] = {name: [] for name in ["text", *engines]}

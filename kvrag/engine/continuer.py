@@ -40,7 +40,7 @@ class Continuer:
 
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout, identity: EngineIdentity,
                  deadline_s: float, prefixes: PrefixRecords | None = None,
-                 whereabouts: Whereabouts | None = None, *, stream_grafts: bool = True) -> None:
+                 whereabouts: Whereabouts | None = None, *, stream_grafts: bool = False) -> None:
         self.runner = runner
         #: grafts begin before their states have arrived (`kvrag.core.streaming`)
         self.stream_grafts = stream_grafts

@@ -2,7 +2,8 @@
 state) against someone who can rewrite a store's bytes: a flipped byte in any chunk, a chunk moved
 to another index or copied from another state, another tenant's ciphertext. Each is a miss,
 answered by the text with the text's logits, never a wrong graft; on the disk tier, the Redis tier
-(frames rewritten on the server) and the memory tier, plain and confidential."""
+(frames rewritten on the server) and the memory tier, plain and confidential, with the graft
+streamed (its forward running while the chunks arrive) and not."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ OPERATOR = b"an-operator-key-for-chunk-attacks"
 KEY_A, KEY_B = derive_tenant_key(OPERATOR, "tenant-a"), derive_tenant_key(OPERATOR, "tenant-b")
 
 
-def make_engine(kind: str, where, confidential: bool, key: bytes = KEY_A) -> KVEngine:
+def make_engine(kind: str, where, confidential: bool, key: bytes = KEY_A, stream: bool = True) -> KVEngine:
     if kind == "redis":
         store = f"{where.url}?frame_mib={CHUNK / 2**20}"
     elif kind == "disk":
@@ -34,7 +35,8 @@ def make_engine(kind: str, where, confidential: bool, key: bytes = KEY_A) -> KVE
     else:
         store = where
         store.chunk_bytes = CHUNK
-    return KVEngine(tiny("llama"), store, signing_key=key, deadline_s=DEADLINE_S, confidential=confidential)
+    return KVEngine(tiny("llama"), store, signing_key=key, deadline_s=DEADLINE_S, confidential=confidential,
+                    stream_grafts=stream)
 
 
 @pytest.fixture(params=["disk", "redis", "memory"])
@@ -79,10 +81,11 @@ def assert_text_answer(engine: KVEngine, reason: str = "integrity") -> None:
     assert receipt.first_token_logits_sha256 == text_logits()
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "unstreamed"])
 @pytest.mark.parametrize("confidential", [False, True], ids=["tagged", "encrypted"])
-def test_a_flipped_byte_in_any_chunk_is_a_miss(tier, confidential):
+def test_a_flipped_byte_in_any_chunk_is_a_miss(tier, confidential, stream):
     kind, where = tier
-    engine = make_engine(kind, where, confidential)
+    engine = make_engine(kind, where, confidential, stream=stream)
     ref = engine.deposit(DOC_A)
     _, chunks = stored_chunks(engine, ref.key)
     assert len(chunks) >= 8
@@ -100,10 +103,11 @@ def test_a_flipped_byte_in_any_chunk_is_a_miss(tier, confidential):
     assert engine.generate(QUESTION, states=[ref], max_new_tokens=1, memo=False).receipt.mode == "exact-graft"
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "unstreamed"])
 @pytest.mark.parametrize("confidential", [False, True], ids=["tagged", "encrypted"])
-def test_a_chunk_moved_to_another_index_or_from_another_state_is_a_miss(tier, confidential):
+def test_a_chunk_moved_to_another_index_or_from_another_state_is_a_miss(tier, confidential, stream):
     kind, where = tier
-    engine = make_engine(kind, where, confidential)
+    engine = make_engine(kind, where, confidential, stream=stream)
     ref, other = engine.deposit(DOC_A), engine.deposit(DOC_B)
     _, chunks = stored_chunks(engine, ref.key)
     _, others = stored_chunks(engine, other.key)

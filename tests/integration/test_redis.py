@@ -92,10 +92,11 @@ FAULTS = {
 }
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["unstreamed", "streamed"])
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_a_damaged_redis_copy_is_read_from_the_next_tier(fault, redis_server, tmp_path, reference):
+def test_a_damaged_redis_copy_is_read_from_the_next_tier(fault, stream, redis_server, tmp_path, reference):
     damage, reason = FAULTS[fault]
-    engine = _redis_engine(redis_server, f"disk://{tmp_path}")
+    engine = _redis_engine(redis_server, f"disk://{tmp_path}", stream_grafts=stream)
     ref = engine.deposit(DOC_A)
     damage(redis_server, ref.key)
     generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)

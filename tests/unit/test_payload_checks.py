@@ -149,3 +149,23 @@ def test_payloads_lie_in_layer_order_and_read_back_with_safetensors_itself():
     loaded = load(raw)
     assert set(loaded) == set(tensors)
     assert all(torch.equal(loaded[name].view(torch.uint16), tensors[name].view(torch.uint16)) for name in tensors)
+
+
+def test_looking_after_a_store_of_confidential_states(tmp_path):
+    from kvrag.apps.maintenance import collect_garbage, inspect_state, list_states
+
+    url = f"disk://{tmp_path}?confidential=1"
+    owner = KVEngine(tiny("llama"), url, signing_key=KEY)
+    ref = owner.deposit(DOC_A)
+    mine = [info for info in list_states(owner.store, KEY)]
+    assert [(i.key, i.encrypted, i.signature, i.tokens) for i in mine] == [(ref.key, True, "valid", ref.token_count)]
+    theirs = list(list_states(owner.store, b"somebody else's key"))
+    assert [(i.key, i.encrypted, i.signature, i.tokens, i.error) for i in theirs] == [(ref.key, True, "not your key", None, None)]
+    found = inspect_state(owner.store, ref.key, KEY)
+    entry = next(iter(found.values()))
+    assert entry["encrypted"] and entry["signature"] == "valid"
+    assert entry["payload"].startswith("ok: every chunk passes its aes-256-gcm/1 check")
+    other = next(iter(inspect_state(owner.store, ref.key, b"somebody else's key").values()))
+    assert other["signature"] == "not your key" and "manifest" not in other
+    report = collect_garbage(owner.store)  # gc under this user's key, which cannot open the state
+    assert report.damaged_states == [] and ref.key in list(owner.store.keys())
