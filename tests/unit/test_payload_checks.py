@@ -169,3 +169,19 @@ def test_looking_after_a_store_of_confidential_states(tmp_path):
     assert other["signature"] == "not your key" and "manifest" not in other
     report = collect_garbage(owner.store)  # gc under this user's key, which cannot open the state
     assert report.damaged_states == [] and ref.key in list(owner.store.keys())
+
+
+def test_reads_accept_both_forms_each_authenticated_under_the_readers_key():
+    from kvrag.stores import MemoryStore
+
+    store = MemoryStore()
+    plain = KVEngine(tiny("llama"), store, signing_key=KEY)
+    private = KVEngine(tiny("llama"), store, signing_key=KEY, confidential=True)
+    text = plain.generate(QUESTION, states=[DOC_A], max_new_tokens=1, graft=False, memo=False).receipt
+    ref = plain.deposit(DOC_A)  # written in the clear: a confidential reader grafts it
+    assert private.generate(QUESTION, states=[ref], max_new_tokens=1, memo=False).receipt.mode == "exact-graft"
+    store.delete(ref.key)
+    private.deposit(DOC_A)  # written encrypted: a reader in the clear with the same key grafts it too
+    assert store.read_manifest(ref.key).startswith(b'{"format":"kvrag.private/1"')
+    receipt = plain.generate(QUESTION, states=[ref], max_new_tokens=1, memo=False).receipt
+    assert receipt.mode == "exact-graft" and receipt.first_token_logits_sha256 == text.first_token_logits_sha256
