@@ -84,6 +84,15 @@ class PayloadLayout:
     def count(self) -> int:
         return -(-self.size // self.chunk_bytes)
 
+    @property
+    def plain_chunk_bytes(self) -> int:
+        """The plaintext bytes of one stored chunk (less an AEAD's tag)."""
+        return self.chunk_bytes - self.check.overhead
+
+    def plain_slot(self, plain: "CheckedBuffer", index: int) -> memoryview:
+        """Where chunk `index`'s plaintext goes in the plaintext buffer of a payload not opened in place."""
+        return plain.view()[index * self.plain_chunk_bytes : (index + 1) * self.plain_chunk_bytes]
+
 
 @lru_cache(maxsize=1)
 def hash_pool() -> ThreadPoolExecutor:
@@ -132,11 +141,6 @@ def stored_form(payload: Any) -> Any:
     return payload if sealed is None else sealed
 
 
-def _plain_slot(layout: PayloadLayout, out: CheckedBuffer, index: int) -> memoryview:
-    plain_chunk = layout.chunk_bytes - layout.check.overhead
-    return out.view()[index * plain_chunk : (index + 1) * plain_chunk]
-
-
 def read_checked(readinto: Callable[[memoryview], int], layout: PayloadLayout) -> CheckedBuffer | None:
     """`layout.size` stored bytes read chunk by chunk, each opened on the pool while the next is
     read. The plaintext buffer, or None if a read comes up short or a chunk is not authentic."""
@@ -149,9 +153,9 @@ def read_checked(readinto: Callable[[memoryview], int], layout: PayloadLayout) -
         chunk = view[start : start + layout.chunk_bytes]
         if readinto(chunk) != len(chunk):
             return None
-        target = chunk if opener.in_place else _plain_slot(layout, out, index)
+        target = chunk if opener.in_place else layout.plain_slot(out, index)
         checks.append(hash_pool().submit(opener.open, index, chunk, target))
-    if layout.count != len(checks) or not all(check.result() for check in checks):
+    if not all(check.result() for check in checks):
         return None
     out.checked_by = opener.identity
     if out is not stored:
@@ -173,9 +177,7 @@ def open_payload(data: Any, layout: PayloadLayout) -> CheckedBuffer | memoryview
     jobs = []
     for index, start in enumerate(range(0, layout.size, layout.chunk_bytes)):
         chunk = view[start : start + layout.chunk_bytes]
-        jobs.append((index, chunk, chunk if out is None else _plain_slot(layout, out, index)))
-    if len(jobs) != layout.count:
-        return None
+        jobs.append((index, chunk, chunk if out is None else layout.plain_slot(out, index)))
     if len(jobs) == 1:
         ok = [opener.open(*jobs[0])]
     else:

@@ -36,6 +36,10 @@ __all__ = [
     "state_key",
     "encode_payload",
     "decode_payload",
+    "plaintext_tensors",
+    "payload_plan",
+    "tensor_over",
+    "header_bytes",
     "parse_manifest",
     "sha256_hex",
 ]
@@ -104,8 +108,6 @@ class DepositReceipt(BaseModel):
     created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
 
-#: the per-read checks a manifest may name (`PayloadSeal.scheme`)
-SEAL_SCHEMES = ("blake3-keyed/1", "aes-256-gcm/1")
 #: bytes an AES-GCM tag adds to each stored chunk
 AEAD_TAG_BYTES = 16
 
@@ -240,11 +242,11 @@ def encode_payload(tensors: Mapping[str, torch.Tensor]) -> bytes:
     return bytes(out)
 
 
-def payload_plan(view: memoryview, manifest: StateManifest) -> tuple[dict[str, tuple[torch.dtype, tuple[int, ...], int, int]], int]:
+def payload_plan(view: memoryview, manifest: StateManifest) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
     """Each tensor's dtype, shape and byte range in a plaintext payload, from its safetensors header
     (`view` needs to hold only the header), checked against the manifest's layers: no tensor
     missing, extra, of another dtype or shape, overlapping, leaving holes or overrunning the
-    payload's size. Also returns where the header ends."""
+    payload's size."""
     header, data_start = _read_header(view, manifest.plain_bytes)
     expected = {}
     for index, layer in enumerate(manifest.layers):
@@ -270,7 +272,7 @@ def payload_plan(view: memoryview, manifest: StateManifest) -> tuple[dict[str, t
         plan[name] = (torch_dtype, tuple(shape), begin, end)
     if cursor != manifest.plain_bytes:
         raise IntegrityError(f"state {manifest.key[:12]}: payload has trailing bytes")
-    return plan, data_start
+    return plan
 
 
 def tensor_over(buffer: Any, dtype: torch.dtype, shape: tuple[int, ...], begin: int, end: int) -> torch.Tensor:
@@ -302,11 +304,15 @@ def decode_payload(buffer: Any, manifest: StateManifest, layout: PayloadLayout |
     if opened is None:
         raise IntegrityError(f"state {manifest.key[:12]}: a payload chunk does not match its manifest "
                              f"({layout.check.name} check failed)")
-    view = opened.view() if isinstance(opened, CheckedBuffer) else opened
-    if len(view) != layout.plaintext_bytes:
-        raise IntegrityError(f"state {manifest.key[:12]}: payload is {len(view)} bytes, manifest says {layout.plaintext_bytes}")
-    plan, _ = payload_plan(view, manifest)
-    return {name: tensor_over(view, *entry) for name, entry in plan.items()}
+    return plaintext_tensors(opened.view() if isinstance(opened, CheckedBuffer) else opened, manifest)
+
+
+def plaintext_tensors(view: memoryview, manifest: StateManifest) -> dict[str, torch.Tensor]:
+    """Tensors over a plaintext payload already checked or just computed here (no chunk check, every
+    header entry checked against the manifest)."""
+    if len(view) != manifest.plain_bytes:
+        raise IntegrityError(f"state {manifest.key[:12]}: payload is {len(view)} bytes, manifest says {manifest.plain_bytes}")
+    return {name: tensor_over(view, *entry) for name, entry in payload_plan(view, manifest).items()}
 
 
 def header_bytes(view: memoryview) -> int:

@@ -64,10 +64,6 @@ class GraftCache(DynamicCache):
         for layer_idx in sorted(self._deferred):
             self._ready(layer_idx)
 
-    @property
-    def deferred(self) -> bool:
-        return bool(self._deferred)
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
         self._ready(layer_idx)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)

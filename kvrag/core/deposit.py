@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from kvrag.artifacts.digests import PayloadLayout, chunk_digests
-from kvrag.artifacts.format import DepositReceipt, StateManifest, decode_payload, encode_payload, sha256_hex
+from kvrag.artifacts.digests import chunk_digests
+from kvrag.artifacts.format import DepositReceipt, StateManifest, encode_payload, plaintext_tensors, sha256_hex
 from kvrag.codecs import StatePart, extract, install
 from kvrag.core.acceptance import Restored
 from kvrag.core.runner import ModelRunner, logits_sha256
@@ -92,7 +92,8 @@ class Depositor:
                                    verified=False, compute_ms=compute_ms),
         )
         # Graft check: the ancestors plus this state's bytes, round-tripped, must reproduce it.
-        part = StatePart(segment.start, segment.end, layers, decode_payload(payload, unverified, _as_plain(unverified)))
+        # (the payload was computed just now: its header is checked, its bytes need no check)
+        part = StatePart(segment.start, segment.end, layers, plaintext_tensors(memoryview(payload), unverified))
         grafted = runner.new_cache()
         install(runner.codecs, grafted, [*ancestors, part], runner.device)
         graft_sha = logits_sha256(runner.forward(canary, grafted))
@@ -113,7 +114,3 @@ class Depositor:
             self.whereabouts.note(segment)
         return Restored(manifest, part)
 
-
-def _as_plain(manifest: StateManifest) -> PayloadLayout:
-    """The plaintext payload as computed here, checked by its SHA-256 alone."""
-    return PayloadLayout(manifest.plain_bytes, manifest.plain_bytes or 1, (manifest.payload_sha256,))

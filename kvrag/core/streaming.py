@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from kvrag.artifacts.digests import ChunkOpener, PayloadLayout
-from kvrag.artifacts.format import StateManifest, header_bytes, payload_plan, tensor_over
+from kvrag.artifacts.format import StateManifest, header_bytes, payload_plan, tensor_names, tensor_over
 from kvrag.core.acceptance import Restored
 from kvrag.errors import IntegrityError, KVRagError, StateError, StoreUnavailableError
 from kvrag.stores import Checked, Found, StateStore
@@ -104,31 +104,31 @@ class ChunkProgress:
         self._cond.notify_all()
 
     # --- asked by the forward, on the caller's thread
-    def wait(self, ready: Any, deadline: Deadline | None) -> None:
-        """Until `ready()` holds, or the read failed (its error, raised) or finished. The read itself
-        is bounded by `deadline` (the store's guard ends it with a timeout), so the wait is too; a
-        last-resort limit a second past it guards against a read that never reports."""
+    def _until(self, done: Any, deadline: Deadline | None) -> bool:
+        """Wait, holding the lock, until `done()`; False if it still does not hold at the limit. The
+        read itself is bounded by `deadline` (the store's guard ends it with a timeout), so the wait
+        is too; a last-resort limit a second past it guards against a read that never reports."""
         limit = None if deadline is None else time.monotonic() + max(deadline.remaining(), 0.0) + 1.0
+        while not done():
+            remaining = None if limit is None else limit - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self._cond.wait(remaining)
+        return True
+
+    def wait(self, ready: Any, deadline: Deadline | None) -> None:
+        """Until `ready()` holds, or the read failed (its error, raised) or finished."""
         with self._cond:
-            while not (self.failure is not None or self.result is not None or ready()):
-                remaining = None if limit is None else limit - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    self._fail(StoreUnavailableError("the state did not arrive within the question's deadline"))
-                    break
-                self._cond.wait(remaining)
+            if not self._until(lambda: self.failure is not None or self.result is not None or ready(), deadline):
+                self._fail(StoreUnavailableError("the state did not arrive within the question's deadline"))
             if self.failure is not None:
                 raise self.failure
 
     def ended(self, deadline: Deadline | None) -> Found[Restored] | None:
         """Wait for the read to end, however it ends (within `deadline` and a second); what it found
         whole and checked, if anything (a later tier's copy, after this tier's stream failed)."""
-        limit = None if deadline is None else time.monotonic() + max(deadline.remaining(), 0.0) + 1.0
         with self._cond:
-            while not self.done:
-                remaining = None if limit is None else limit - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            self._until(lambda: self.done, deadline)
             return self.result
 
     def settle(self, deadline: Deadline | None) -> None:
@@ -194,10 +194,10 @@ class StreamedTensors(Mapping[str, torch.Tensor]):
         assert progress.manifest is not None and progress.layout is not None
         self.manifest, self.layout = progress.manifest, progress.layout
         self._plan: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] | None = None
-        self._names = [n for i in range(len(self.manifest.layers)) for n in (f"layers.{i}.keys", f"layers.{i}.values")]
+        self._names = [name for i in range(len(self.manifest.layers)) for name in tensor_names(i)]
 
     def _chunk_of(self, offset: int) -> int:
-        return offset // (self.layout.chunk_bytes - self.layout.check.overhead)
+        return offset // self.layout.plain_chunk_bytes
 
     def _get(self, name: str) -> torch.Tensor:
         progress = self.progress
@@ -212,7 +212,7 @@ class StreamedTensors(Mapping[str, torch.Tensor]):
             if progress.result is not None:
                 return progress.result.value.part.tensors[name]
             if self._plan is None:
-                self._plan, _ = payload_plan(memoryview(progress.buffer), self.manifest)
+                self._plan = payload_plan(memoryview(progress.buffer), self.manifest)
             dtype, shape, begin, end = self._plan[name]
             first, last = self._chunk_of(begin), self._chunk_of(max(end, begin + 1) - 1)
             progress.wait(lambda: progress.chunks_ready(first, last), self.deadline)

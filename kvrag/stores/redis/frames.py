@@ -134,10 +134,7 @@ class Assembler:
         return self._view[offset : offset + self.record.frame_length(index)]
 
     def _plain_slot(self, index: int) -> memoryview:
-        if self.plain is self.buffer:
-            return self.slot(index)
-        plain_chunk = self.record.frame_bytes - self.opener.overhead
-        return self.plain.view()[index * plain_chunk : (index + 1) * plain_chunk]
+        return self.slot(index) if self.plain is self.buffer else self.layout.plain_slot(self.plain, index)
 
     def received(self, index: int) -> None:
         """Frame `index` is in its slot: check it on the hashing threads."""
