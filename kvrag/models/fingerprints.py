@@ -123,9 +123,9 @@ def model_fingerprint(model: Fingerprinted) -> ModelFingerprint:
         tokenizer_sha256=_sha256_json(tokenizer_desc),
         chat_template_sha256=hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest(),
         dtype=str(model.dtype).removeprefix("torch."),
-        # under the invariant kernel the linear layers compute in 16-row blocks: states made before
-        # that carry other bits and must not be found, so the kernel is named with its row block
-        attn_implementation=model.attn if model.attn != "invariant" else "invariant+rows16kn",
+        # the invariant kernel's second arithmetic (one product over keys, linear layers of >= 16
+        # rows): states made under the first carry other bits and must not be found
+        attn_implementation=model.attn if model.attn != "invariant" else "invariant/2",
         rope=_rope_settings(model),
         transformers_version=transformers.__version__,
     )

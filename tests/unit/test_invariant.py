@@ -174,17 +174,43 @@ def test_forged_prefix_records_graft_nothing():
     assert kv.receipt.first_token_logits_sha256 == logits_sha256(_one_stock_pass(model, ids))
 
 
-@pytest.mark.parametrize("k, n", [(1024, 640), (2048, 640), (640, 1024), (576, 576)])
-def test_an_invariant_linear_row_has_the_same_bits_in_one_block_or_many(k, n):
-    """gemma3-270m's 1,024- and 2,048-wide projections: a row read alone (one block) equals the
-    same row read in a long call (many blocks); a weight kept as a transposed view broke this."""
-    from kvrag.kernels.linear import _blocked, _store_as_kn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k, n", [(576, 576), (576, 192), (576, 1536), (1536, 576), (640, 1024), (640, 256),
+                                  (1024, 640), (640, 2048), (2048, 640), (64, 128), (128, 64)])
+def test_an_invariant_linear_row_has_the_same_bits_read_alone_or_among_many(k, n, dtype):
+    """The widths of smollm2-135m, gemma3-270m and the tiny models: a row read alone or among a
+    few (a question's rows, a decoding step) equals the same row inside a long call."""
+    from kvrag.kernels.linear import make_linear_invariant
 
     torch.manual_seed(k + n)
-    layer = torch.nn.Linear(k, n, bias=False)
-    _store_as_kn(layer)
-    x = torch.randn(1, 112, k)
-    whole = _blocked(x, torch.arange(112), layer.weight.t())
-    for start in (98, 96, 111):
-        part = _blocked(x[:, start:].contiguous(), torch.arange(start, 112), layer.weight.t())
-        assert torch.equal(part, whole[:, start:]), start
+    layer = make_linear_invariant(torch.nn.Sequential(torch.nn.Linear(k, n, dtype=dtype)))
+    x = torch.randn(1, 600, k, dtype=dtype)
+    with torch.inference_mode():
+        whole = layer(x)
+        for start, rows in ((598, 1), (590, 5), (500, 11), (300, 16), (17, 40), (0, 300)):
+            part = layer(x[:, start : start + rows].contiguous())
+            assert torch.equal(part, whole[:, start : start + rows]), (start, rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 1, 256), (4, 2, 16)])
+def test_an_attention_row_has_the_same_bits_however_the_prompt_is_split(heads, kv_heads, head_dim, dtype):
+    """One call over 1,100 positions against the same positions read as a document, a chain of
+    parts and short questions after it, each part attending to the keys before it."""
+    from kvrag.kernels.attention import invariant_attention
+
+    torch.manual_seed(heads + head_dim)
+    length = 1100
+    q = torch.randn(1, heads, length, head_dim, dtype=dtype)
+    k = torch.randn(1, kv_heads, length, head_dim, dtype=dtype)
+    v = torch.randn(1, kv_heads, length, head_dim, dtype=dtype)
+
+    def attend(start, end):
+        positions = torch.arange(start, end)[None]
+        out, _ = invariant_attention(None, q[:, :, start:end], k[:, :, :end], v[:, :, :end], None,
+                                     position_ids=positions)
+        return out
+
+    whole = attend(0, length)
+    for start, end in ((0, 490), (490, 1011), (1011, 1020), (1020, 1021), (1021, 1100), (37, 64), (64, 65)):
+        assert torch.equal(attend(start, end), whole[:, start:end]), (start, end)
