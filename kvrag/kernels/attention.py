@@ -1,22 +1,25 @@
 """A schedule-invariant attention kernel, `attn="invariant"`: each query row's result has the same
 bits however the prompt was split into forward calls.
 
-With sdpa or eager, a graft equals a fresh computation only *in the same segments*: the reduction
-over keys is blocked according to how many keys a call holds, so one pass over a whole prompt and
-the same prompt read in two parts differ in the last bits. Here a row's arithmetic does not depend
-on what else the call holds:
+With plain sdpa, a graft equals a fresh computation only *in the same segments*: the CPU flash
+kernel reduces over keys in blocks of 512 counted from the call's first key, its last block is as
+long as the call makes it (a product over fewer keys rounds otherwise: measured, 256 keys gave other
+bits than the same keys followed by zeros), and an elementwise `exp` takes a scalar tail that
+rounds otherwise than its vector path. So one pass over a whole prompt and the same prompt read in
+two parts differ in the last bits. This kernel calls the same flash kernel (torch's
+`scaled_dot_product_attention`, in the model's dtype) on a layout that fixes every block:
 
-- scores are one matrix product of the row's query with the keys, in float32 whatever the model's
-  dtype; a position the row may not see scores the float32 minimum, so its weight is an exact zero,
-  and the softmax is taken against the row's maximum (a max has no rounding);
-- the weighted sum and the softmax's denominator (a column of ones beside the values) are summed
-  over keys in blocks of `KEY_BLOCK` aligned at absolute position 0, each block one product of the
-  same shape, added in key order: a CPU product's reduction depends on how many keys it holds
-  (measured: 256 keys gave other bits than the same keys followed by zeros), a fixed block's does
-  not, and blocks a row cannot see add exact zeros;
-- every product has at least `MIN_QUERY_ROWS` query rows (a CPU product's row bits depend on the
-  row count below ~12 rows), and key spans are whole blocks, so an elementwise `exp` runs its vector
-  path for every element (its scalar tail rounds differently).
+- keys are padded to whole blocks of `KEY_BLOCK` (512, the flash kernel's key block) aligned at
+  absolute position 0 (a sliding-window layer, which holds a later tail, is padded at the front
+  too); padded keys are masked, so each of a row's key blocks holds the same keys at the same
+  places in every call, and blocks a row cannot see change nothing (their weights are exact zeros);
+- query rows are padded to whole blocks of `QUERY_BLOCK` with copies of real rows (a CPU product
+  gave a row other bits among fewer than ~12 rows than among more), and read in chunks of
+  `QUERY_CHUNK` rows aligned at absolute positions, each attending to whole key blocks up to its
+  last row (so a long read does not weigh every key for every row);
+- a first read of a prompt (no cache, plain causal mask) is one causal call on the padded layout:
+  the flash kernel skips the blocks past each row itself, and the blocks it does weigh are the ones
+  above.
 
 The linear layers around attention depend on the row count too: a CPU matrix product gave a row
 other bits among fewer than ~12 rows than among more (float32). Under this kernel every linear layer
@@ -35,19 +38,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["INVARIANT", "KEY_BLOCK", "MIN_QUERY_ROWS", "MIN_FORWARD_ROWS", "invariant_attention", "register"]
+from kvrag.errors import ModelError
+
+__all__ = ["INVARIANT", "KEY_BLOCK", "QUERY_BLOCK", "QUERY_CHUNK", "MIN_FORWARD_ROWS", "invariant_attention",
+           "register"]
 
 INVARIANT = "invariant"
-#: keys are weighted and summed in blocks of this many, aligned at absolute position 0
-KEY_BLOCK = 256
-#: a call's query rows per key-value head are padded to at least this many
-MIN_QUERY_ROWS = 16
+#: keys are padded to whole blocks of this many, aligned at absolute position 0 (the CPU flash
+#: kernel's key block: it reduces over keys in blocks of 512 once a call holds 512 or more)
+KEY_BLOCK = 512
+#: query rows are padded to a multiple of this (never fewer)
+QUERY_BLOCK = 32
+#: a read's query rows are taken in chunks aligned at absolute multiples of this
+QUERY_CHUNK = 512
 #: prompt reads shorter than this are padded (see `ModelRunner.forward`)
 MIN_FORWARD_ROWS = 16
-#: scores held at once, in float32 elements (query chunks are sized to fit)
-_SCORES_BUDGET = 1 << 21
 
-_MASKED = torch.finfo(torch.float32).min
+_sdpa = torch.nn.functional.scaled_dot_product_attention
 
 
 def _absolute_last(kwargs: dict[str, Any], kv_len: int) -> int:
@@ -70,71 +77,61 @@ def invariant_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: `query` [b, h, q, d], `key`/`value` [b, h_kv, kv, d],
-    `attention_mask` boolean (True: may attend) or additive, [b, 1, q, kv]; returns [b, q, h, d]."""
+    `attention_mask` boolean (True: may attend), additive, or None (causal), [b, 1, q, kv];
+    returns [b, q, h, d]."""
+    if softcap is not None:
+        raise ModelError("the invariant kernel has no attention logit soft-capping (Gemma 2); load the model "
+                         "with attn='sdpa'")
     batch, heads, q_len, head_dim = query.shape
-    kv_heads, kv_len = key.shape[1], key.shape[-2]
-    groups = heads // kv_heads
-    scale = float(scaling) if scaling is not None else head_dim**-0.5
+    kv_len = key.shape[-2]
+    gqa = heads != key.shape[1]
     last = _absolute_last(kwargs, kv_len)
     k_start = max(0, last - kv_len + 1)
     q_start = max(0, last - q_len + 1)
+
+    if attention_mask is None and k_start == 0 and q_len == kv_len:  # a first read, plain causal
+        total = _whole(q_len, KEY_BLOCK)
+        out = _sdpa(_pad(query, 0, total), _pad(key, 0, total), _pad(value, 0, total), is_causal=True,
+                    scale=scaling, enable_gqa=gqa)[:, :, :q_len]
+        return out.transpose(1, 2).contiguous(), None
+
     visible = _visibility(attention_mask, batch, q_len, kv_len, q_start, k_start, query.device)
-
-    # Keys aligned at absolute multiples of KEY_BLOCK: padded at the front (a sliding layer holds a
-    # later tail) and the back with keys nobody sees; values get a column of ones (the denominator).
     k_front = k_start % KEY_BLOCK
-    k_total = -(-(k_front + kv_len) // KEY_BLOCK) * KEY_BLOCK
-    k = _pad_rows(key.float(), k_front, k_total)
-    v = _pad_rows(torch.cat([value.float(), value.new_ones((*value.shape[:-1], 1), dtype=torch.float32)], -1),
-                  k_front, k_total)
+    k_total = _whole(k_front + kv_len, KEY_BLOCK)
+    keys, values = _pad(key, k_front, k_total), _pad(value, k_front, k_total)
     visible = torch.nn.functional.pad(visible, (k_front, k_total - k_front - kv_len))
-    rows = max(q_len, MIN_QUERY_ROWS)  # padded rows see nothing (uniform weights: finite), thrown away
-    q = query.float() * scale  # scaled once, row by row
-    if rows > q_len:
-        q = torch.nn.functional.pad(q, (0, 0, 0, rows - q_len))
-        visible = torch.nn.functional.pad(visible, (0, 0, 0, rows - q_len))
 
-    out = query.new_empty((batch, q_len, heads, head_dim), dtype=torch.float32)
-    chunk = max(MIN_QUERY_ROWS, _SCORES_BUDGET // (heads * k_total) // MIN_QUERY_ROWS * MIN_QUERY_ROWS)
-    for r0 in range(0, rows, chunk):
-        r1 = min(rows, r0 + chunk)
-        if rows - r1 < MIN_QUERY_ROWS:  # never leave a short last chunk
-            r1 = rows
-        lo, hi = _key_range(visible[:, :, r0:r1], k_total)
-        qg = q[:, :, r0:r1].reshape(batch, kv_heads, groups * (r1 - r0), head_dim)
-        scores = torch.matmul(qg, k[:, :, lo:hi].transpose(-1, -2))
-        scores = scores.view(batch, kv_heads, groups, r1 - r0, hi - lo)
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        chunk_visible = visible[:, :, None, r0:r1, lo:hi]
-        if not bool(chunk_visible.all()):
-            scores = scores.masked_fill(~chunk_visible, _MASKED)
-        weights = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-        weights = weights.view(batch, kv_heads, groups * (r1 - r0), hi - lo)
-        summed = None
-        for b0 in range(lo, hi, KEY_BLOCK):  # in key order, each block one product of the same shape
-            block = torch.matmul(weights[..., b0 - lo : b0 - lo + KEY_BLOCK], v[:, :, b0 : b0 + KEY_BLOCK])
-            summed = block if summed is None else summed.add_(block)
-        summed = summed.view(batch, kv_heads, groups, r1 - r0, head_dim + 1)
-        kept = min(r1, q_len) - r0
-        if kept > 0:
-            part = summed[:, :, :, :kept]
-            out[:, r0 : r0 + kept] = (part[..., :head_dim] / part[..., head_dim:]).permute(0, 3, 1, 2, 4).reshape(
-                batch, kept, heads, head_dim)
-    return out.to(query.dtype), None
+    out = query.new_empty((batch, heads, q_len, head_dim))
+    first = q_start
+    while first < q_start + q_len:
+        end = min(q_start + q_len, (first // QUERY_CHUNK + 1) * QUERY_CHUNK)
+        # rows padded to whole QUERY_BLOCKs with copies of the chunk's first and last rows
+        front = first % QUERY_BLOCK
+        total = _whole(front + end - first, QUERY_BLOCK)
+        rows = (torch.arange(total, device=query.device) - front).clamp_(0, end - first - 1) + (first - q_start)
+        chunk_visible = visible[:, :, rows]
+        lo, hi = _key_span(chunk_visible, k_total)
+        part = _sdpa(query[:, :, rows], keys[:, :, lo:hi], values[:, :, lo:hi],
+                     attn_mask=chunk_visible[..., lo:hi], scale=scaling, enable_gqa=gqa)
+        out[:, :, first - q_start : end - q_start] = part[:, :, front : front + end - first]
+        first = end
+    return out.transpose(1, 2).contiguous(), None
 
 
-def _key_range(visible: torch.Tensor, k_total: int) -> tuple[int, int]:
-    """The KEY_BLOCK-aligned span of keys the given rows can see (blocks outside it add exact zeros)."""
-    seen = visible.any(dim=-2).reshape(-1, k_total).any(dim=0)
-    where = torch.nonzero(seen)
+def _whole(n: int, block: int) -> int:
+    return max(block, -(-n // block) * block)
+
+
+def _key_span(visible: torch.Tensor, k_total: int) -> tuple[int, int]:
+    """The whole KEY_BLOCKs holding every key the given rows can see (blocks outside add nothing)."""
+    where = torch.nonzero(visible.reshape(-1, k_total).any(dim=0))
     if where.numel() == 0:
         return 0, KEY_BLOCK
     first, last = int(where[0]), int(where[-1])
     return first // KEY_BLOCK * KEY_BLOCK, (last // KEY_BLOCK + 1) * KEY_BLOCK
 
 
-def _pad_rows(states: torch.Tensor, front: int, total: int) -> torch.Tensor:
+def _pad(states: torch.Tensor, front: int, total: int) -> torch.Tensor:
     back = total - front - states.shape[-2]
     if front == 0 and back == 0:
         return states
@@ -153,25 +150,19 @@ def _visibility(mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int, 
     else:  # additive: 0 where visible, a large negative number (or -inf) where not
         visible = mask > torch.finfo(mask.dtype).min / 2
     return visible[..., -kv_len:].expand(batch, 1, q_len, kv_len)
-def _invariant_mask(*args: Any, **kwargs: Any) -> Any:
-    """The boolean mask sdpa gets, never skipped (the kernel has no `is_causal` shortcut)."""
-    from transformers.masking_utils import sdpa_mask
-
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
 
 
 _registered = False
 
 
 def register() -> None:
-    """Register the kernel and its mask with transformers as `invariant` (idempotent)."""
+    """Register the kernel with transformers as `invariant`, with sdpa's mask (idempotent)."""
     global _registered
     if _registered:
         return
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(INVARIANT, invariant_attention)
-    AttentionMaskInterface.register(INVARIANT, _invariant_mask)
+    AttentionMaskInterface.register(INVARIANT, sdpa_mask)
     _registered = True
