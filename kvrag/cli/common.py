@@ -23,7 +23,8 @@ out = Console()
 
 MODEL = typer.Option("smollm2-135m", "--model", help="smollm2-135m, gemma3-270m, tiny-random-<family>, a folder or a HF id")
 DTYPE = typer.Option("float32", "--dtype", help="float32 or bfloat16 (states are only found by the same dtype)")
-ATTN = typer.Option("sdpa", "--attn", help="sdpa, eager or invariant (split-invariant: a graft equals one pass over the whole prompt); part of the model fingerprint")
+# the default is `kvrag.models.loading.DEFAULT_ATTN` (spelled out: `--help` does not import torch)
+ATTN = typer.Option("invariant", "--attn", help="invariant (the default: a graft equals one stock pass over the whole prompt), sdpa or eager (transformers' own: a graft equals the same segments read again); part of the model fingerprint")
 LAYOUT = typer.Option(None, "--layout", help="chat (the model's chat template) or completion (a plain completion "
                       "prompt, for base models); default: chat when the model has a template. Part of every state's key")
 STORE = typer.Option(None, "--store", help="store URL, e.g. disk://./states or redis://127.0.0.1:6379/0,disk://./states "

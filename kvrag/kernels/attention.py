@@ -13,10 +13,11 @@ two parts differ in the last bits. This kernel calls the same flash kernel (torc
   absolute position 0 (a sliding-window layer, which holds a later tail, is padded at the front
   too); padded keys are masked, so each of a row's key blocks holds the same keys at the same
   places in every call, and blocks a row cannot see change nothing (their weights are exact zeros);
-- query rows are padded to whole blocks of `QUERY_BLOCK` with copies of real rows (a CPU product
-  gave a row other bits among fewer than ~12 rows than among more), and read in chunks of
-  `QUERY_CHUNK` rows aligned at absolute positions, each attending to whole key blocks up to its
-  last row (so a long read does not weigh every key for every row);
+- query rows are read in chunks of at most `QUERY_CHUNK`, each padded to whole blocks of
+  `QUERY_BLOCK` with copies of its last row (a CPU product gave a row other bits among fewer than
+  ~12 rows than among more; the flash kernel's query blocks are then never shorter than 32 rows),
+  each attending to the whole key blocks its rows can see (so a long read does not weigh every key
+  for every row);
 - a first read of a prompt (no cache, plain causal mask) is one causal call on the padded layout:
   the flash kernel skips the blocks past each row itself, and the blocks it does weigh are the ones
   above.
@@ -49,7 +50,7 @@ INVARIANT = "invariant"
 KEY_BLOCK = 512
 #: query rows are padded to a multiple of this (never fewer)
 QUERY_BLOCK = 32
-#: a read's query rows are taken in chunks aligned at absolute multiples of this
+#: a read's query rows are taken in chunks of at most this many
 QUERY_CHUNK = 512
 #: prompt reads shorter than this are padded (see `ModelRunner.forward`)
 MIN_FORWARD_ROWS = 16
@@ -102,19 +103,15 @@ def invariant_attention(
     visible = torch.nn.functional.pad(visible, (k_front, k_total - k_front - kv_len))
 
     out = query.new_empty((batch, heads, q_len, head_dim))
-    first = q_start
-    while first < q_start + q_len:
-        end = min(q_start + q_len, (first // QUERY_CHUNK + 1) * QUERY_CHUNK)
-        # rows padded to whole QUERY_BLOCKs with copies of the chunk's first and last rows
-        front = first % QUERY_BLOCK
-        total = _whole(front + end - first, QUERY_BLOCK)
-        rows = (torch.arange(total, device=query.device) - front).clamp_(0, end - first - 1) + (first - q_start)
+    for first in range(0, q_len, QUERY_CHUNK):
+        end = min(q_len, first + QUERY_CHUNK)
+        # rows padded to whole QUERY_BLOCKs with copies of the chunk's last row
+        rows = torch.arange(first, first + _whole(end - first, QUERY_BLOCK), device=query.device).clamp_(max=end - 1)
         chunk_visible = visible[:, :, rows]
         lo, hi = _key_span(chunk_visible, k_total)
-        part = _sdpa(query[:, :, rows], keys[:, :, lo:hi], values[:, :, lo:hi],
-                     attn_mask=chunk_visible[..., lo:hi], scale=scaling, enable_gqa=gqa)
-        out[:, :, first - q_start : end - q_start] = part[:, :, front : front + end - first]
-        first = end
+        part = _sdpa(query[:, :, rows], keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=chunk_visible[..., lo:hi],
+                     scale=scaling, enable_gqa=gqa)
+        out[:, :, first:end] = part[:, :, : end - first]
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -27,7 +27,7 @@ from kvrag.models.fingerprints import ModelFingerprint, model_fingerprint
 from kvrag.models.tiny import TINY_FAMILIES, build_byte_tokenizer, build_tiny_model
 from kvrag.paths import kvrag_home
 
-__all__ = ["LoadedModel", "load_model", "EMBEDDED_MODELS"]
+__all__ = ["LoadedModel", "load_model", "EMBEDDED_MODELS", "DEFAULT_ATTN"]
 
 
 
@@ -60,6 +60,8 @@ EMBEDDED_MODELS = (*GGUF_MODELS, *(f"tiny-random-{family}" for family in TINY_FA
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ATTNS = ("sdpa", "eager", INVARIANT)
+#: the attention kernel a model is loaded with unless asked otherwise: a graft equals one stock pass
+DEFAULT_ATTN = INVARIANT
 _LOADING = threading.Lock()
 
 
@@ -117,14 +119,15 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
 
     `name` is `smollm2-135m` or `gemma3-270m` (embedded, offline), `tiny-random-<family>` (built in memory), a local
     folder, or a Hugging Face id already in the local cache. `dtype` defaults to float32 and `attn`
-    to `sdpa` (`invariant`: see `kvrag.kernels.attention`); both are part of the model fingerprint, so states made under one never graft under
-    another.
+    to `invariant` (a graft equals one stock pass over the whole prompt: see `kvrag.kernels.attention`;
+    `sdpa` and `eager` are transformers' own); both are part of the model fingerprint, so states made
+    under one never graft under another.
 
         >>> model = load_model("tiny-random-llama")
         >>> model.fingerprint.digest[:8]  # doctest: +SKIP
     """
     torch_dtype = _parse_dtype(dtype)
-    attn = attn or "sdpa"
+    attn = attn or DEFAULT_ATTN
     if attn not in _ATTNS:
         raise ModelError(f"unsupported attention implementation {attn!r}; use one of {', '.join(_ATTNS)}")
     if name.startswith("tiny-random-"):

@@ -71,7 +71,7 @@ def test_under_the_invariant_kernel_bits_and_keys_do_not_depend_on_the_thread_co
 
 
 def test_under_sdpa_the_thread_count_stays_in_the_keys():
-    model = tiny("llama")
+    model = tiny("llama", attn="sdpa")
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
