@@ -14,12 +14,14 @@ from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from kvrag.artifacts.format import LayerEntry, tensor_names
 from kvrag.codecs.base import LayerCodec
 from kvrag.codecs.full import FullAttention
 from kvrag.codecs.sliding import SlidingWindow
 from kvrag.errors import ModelError
+from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, buffer_of, key_value_buffer
 
 # transformers 5.23 announces a rename of `past_key_values` to `cache`, but its models' forward
 # signatures still take `past_key_values` (a `cache=` argument is silently ignored there).
@@ -45,11 +47,16 @@ class GraftCache(DynamicCache):
     """A `DynamicCache` whose grafted layers may be installed late: `defer(i, install)` runs
     `install()` when the forward first touches layer i (its update, length or mask sizes), so a
     streamed state's later layers can still be arriving while the forward computes earlier ones.
-    `settle()` runs whatever is still deferred."""
+    `settle()` runs whatever is still deferred.
 
-    def __init__(self, **kwargs: Any) -> None:
+    `in_place` (the invariant kernel): a full-attention layer's K/V are views of a buffer of whole
+    key blocks with room after them, so a read appends in place (no copy of the whole layer per
+    call, as concatenation makes) and the kernel reads the padded blocks without copying them."""
+
+    def __init__(self, *, in_place: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._deferred: dict[int, Any] = {}
+        self._in_place = in_place
 
     def defer(self, layer_idx: int, install: Any) -> None:
         self._deferred[layer_idx] = install
@@ -66,7 +73,21 @@ class GraftCache(DynamicCache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
         self._ready(layer_idx)
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        layer = self.layers[layer_idx] if layer_idx < len(self.layers) else None
+        if not self._in_place or type(layer) is not DynamicLayer:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        if not layer.is_initialized:
+            layer.lazy_initialization(key_states, value_states)
+        held, added = (layer.keys.shape[-2] if layer.keys.dim() == 4 else 0), key_states.shape[-2]
+        keys, values = (buffer_of(layer.keys), buffer_of(layer.values)) if held else (None, None)
+        if keys is None or values is None or held + added > keys.shape[-2]:
+            rows = -(-(held + added + 1) // KEY_BLOCK) * KEY_BLOCK  # room for decoding steps after
+            keys, values = key_value_buffer(key_states, rows), key_value_buffer(value_states, rows)
+            if held:
+                keys[:, :, :held], values[:, :, :held] = layer.keys, layer.values
+        keys[:, :, held : held + added], values[:, :, held : held + added] = key_states, value_states
+        layer.keys, layer.values = keys[:, :, : held + added], values[:, :, : held + added]
+        return layer.keys, layer.values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         self._ready(layer_idx)
@@ -78,7 +99,7 @@ class GraftCache(DynamicCache):
 
 
 def new_cache(hf_model: Any) -> GraftCache:
-    return GraftCache(config=hf_model.config)
+    return GraftCache(config=hf_model.config, in_place=hf_model.config._attn_implementation == INVARIANT)
 
 
 def codecs_for(hf_model: Any) -> list[LayerCodec]:

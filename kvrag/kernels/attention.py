@@ -35,6 +35,7 @@ after `import kvrag`, its linear layers made invariant with
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ import torch
 from kvrag.errors import ModelError
 
 __all__ = ["INVARIANT", "KEY_BLOCK", "QUERY_BLOCK", "QUERY_CHUNK", "MIN_FORWARD_ROWS", "invariant_attention",
-           "register"]
+           "key_value_buffer", "buffer_of", "register"]
 
 INVARIANT = "invariant"
 #: keys are padded to whole blocks of this many, aligned at absolute position 0 (the CPU flash
@@ -128,10 +129,34 @@ def _key_span(visible: torch.Tensor, k_total: int) -> tuple[int, int]:
     return first // KEY_BLOCK * KEY_BLOCK, (last // KEY_BLOCK + 1) * KEY_BLOCK
 
 
+#: buffers made by `key_value_buffer`, by the address of their memory
+_BUFFERS: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def key_value_buffer(like: torch.Tensor, rows: int) -> torch.Tensor:
+    """Zeros shaped like `like` ([b, h, n, d]) with `rows` positions, whose leading views this kernel
+    reads as already padded: a cache that keeps its K/V as views of such a buffer (rows past a view
+    finite: zeros, or positions read and dropped) spares the kernel a padded copy of every layer."""
+    buffer = like.new_zeros((*like.shape[:-2], rows, like.shape[-1]))
+    _BUFFERS[buffer.data_ptr()] = buffer
+    return buffer
+
+
+def buffer_of(states: torch.Tensor) -> torch.Tensor | None:
+    """The `key_value_buffer` whose leading rows `states` is (same start and strides), if any."""
+    buffer = _BUFFERS.get(states.data_ptr()) if states.dim() == 4 else None
+    if buffer is None or states.stride() != buffer.stride() or states.shape[:-2] != buffer.shape[:-2]:
+        return None
+    return buffer
+
+
 def _pad(states: torch.Tensor, front: int, total: int) -> torch.Tensor:
     back = total - front - states.shape[-2]
     if front == 0 and back == 0:
         return states
+    buffer = buffer_of(states) if front == 0 else None
+    if buffer is not None and buffer.shape[-2] >= total:
+        return buffer[..., :total, :]  # the rows past `states` are masked, and finite
     return torch.nn.functional.pad(states, (0, 0, front, back))
 
 
