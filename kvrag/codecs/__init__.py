@@ -21,7 +21,7 @@ from kvrag.codecs.base import LayerCodec
 from kvrag.codecs.full import FullAttention
 from kvrag.codecs.sliding import SlidingWindow
 from kvrag.errors import ModelError
-from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, buffer_of, key_value_buffer
+from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, key_value_buffer
 
 # transformers 5.23 announces a rename of `past_key_values` to `cache`, but its models' forward
 # signatures still take `past_key_values` (a `cache=` argument is silently ignored there).
@@ -57,6 +57,8 @@ class GraftCache(DynamicCache):
         super().__init__(**kwargs)
         self._deferred: dict[int, Any] = {}
         self._in_place = in_place
+        #: each in-place layer's buffers (held here: a view made in inference mode keeps no base)
+        self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def defer(self, layer_idx: int, install: Any) -> None:
         self._deferred[layer_idx] = install
@@ -79,12 +81,13 @@ class GraftCache(DynamicCache):
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
         held, added = (layer.keys.shape[-2] if layer.keys.dim() == 4 else 0), key_states.shape[-2]
-        keys, values = (buffer_of(layer.keys), buffer_of(layer.values)) if held else (None, None)
-        if keys is None or values is None or held + added > keys.shape[-2]:
+        keys, values = self._buffers.get(layer_idx, (None, None))
+        if not (held and _leads(layer.keys, keys) and _leads(layer.values, values) and held + added <= keys.shape[-2]):
             rows = -(-(held + added + 1) // KEY_BLOCK) * KEY_BLOCK  # room for decoding steps after
             keys, values = key_value_buffer(key_states, rows), key_value_buffer(value_states, rows)
             if held:
                 keys[:, :, :held], values[:, :, :held] = layer.keys, layer.values
+            self._buffers[layer_idx] = keys, values
         keys[:, :, held : held + added], values[:, :, held : held + added] = key_states, value_states
         layer.keys, layer.values = keys[:, :, : held + added], values[:, :, : held + added]
         return layer.keys, layer.values
@@ -96,6 +99,11 @@ class GraftCache(DynamicCache):
     def get_mask_sizes(self, query_length: Any, layer_idx: int) -> tuple[int, int]:
         self._ready(layer_idx)
         return super().get_mask_sizes(query_length, layer_idx)
+
+
+def _leads(states: torch.Tensor, buffer: torch.Tensor | None) -> bool:
+    """Whether `states` is the leading rows of `buffer`."""
+    return buffer is not None and states.data_ptr() == buffer.data_ptr() and states.stride() == buffer.stride()
 
 
 def new_cache(hf_model: Any) -> GraftCache:

@@ -136,7 +136,8 @@ _BUFFERS: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDi
 def key_value_buffer(like: torch.Tensor, rows: int) -> torch.Tensor:
     """Zeros shaped like `like` ([b, h, n, d]) with `rows` positions, whose leading views this kernel
     reads as already padded: a cache that keeps its K/V as views of such a buffer (rows past a view
-    finite: zeros, or positions read and dropped) spares the kernel a padded copy of every layer."""
+    finite: zeros, or positions read and dropped) spares the kernel a padded copy of every layer.
+    The kernel knows a buffer only while someone holds it (the cache)."""
     buffer = like.new_zeros((*like.shape[:-2], rows, like.shape[-1]))
     _BUFFERS[buffer.data_ptr()] = buffer
     return buffer

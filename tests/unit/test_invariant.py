@@ -214,3 +214,27 @@ def test_an_attention_row_has_the_same_bits_however_the_prompt_is_split(heads, k
     whole = attend(0, length)
     for start, end in ((0, 490), (490, 1011), (1011, 1020), (1020, 1021), (1021, 1100), (37, 64), (64, 65)):
         assert torch.equal(attend(start, end), whole[:, start:end]), (start, end)
+
+
+def test_reads_after_a_graft_append_in_place_and_never_write_the_grafted_tensors():
+    """Under the invariant kernel a full-attention layer grows inside a buffer of whole key blocks:
+    decoding steps write no copy of the layer, the grafted (stored) tensors are never written, and
+    the logits are one stock pass's."""
+    from kvrag.codecs import StatePart, extract, install
+
+    model = tiny("llama", "float32", "invariant")
+    runner = ModelRunner(model)
+    ids = [(i * 7) % 250 + 3 for i in range(200)]
+    reader = runner.new_cache()
+    runner.forward(ids[:150], reader)
+    entries, tensors = extract(runner.codecs, reader, 0, 150)
+    kept = {name: tensor.clone() for name, tensor in tensors.items()}
+    cache = runner.new_cache()
+    install(runner.codecs, cache, [StatePart(0, 150, entries, tensors)], runner.device)
+    logits = runner.forward(ids[150:199], cache)
+    assert logits_sha256(logits) == logits_sha256(_one_stock_pass(model, ids[:199]))
+    where = [layer.keys.data_ptr() for layer in cache.layers]
+    logits = runner.step(ids[199], cache)
+    assert [layer.keys.data_ptr() for layer in cache.layers] == where  # appended in place
+    assert logits_sha256(logits) == logits_sha256(_one_stock_pass(model, ids))
+    assert all(torch.equal(tensors[name], kept[name]) for name in tensors)
