@@ -172,6 +172,10 @@ def _invariant_linears(hf_model: Any, attn: str) -> Any:
     if attn == INVARIANT:
         from kvrag.kernels.linear import make_linear_invariant
 
+        config = hf_model.config.get_text_config(decoder=True)
+        if getattr(config, "attn_logit_softcapping", None):
+            raise ModelError("the invariant kernel has no attention logit soft-capping (a Gemma 2 model); "
+                             "load it with attn='sdpa' (--attn sdpa)")
         make_linear_invariant(hf_model)
     return hf_model
 

@@ -238,3 +238,13 @@ def test_reads_after_a_graft_append_in_place_and_never_write_the_grafted_tensors
     assert [layer.keys.data_ptr() for layer in cache.layers] == where  # appended in place
     assert logits_sha256(logits) == logits_sha256(_one_stock_pass(model, ids))
     assert all(torch.equal(tensors[name], kept[name]) for name in tensors)
+
+
+def test_attention_logit_soft_capping_is_refused_with_a_clear_error():
+    """Gemma 2's soft-capping has no place in the flash kernel the invariant kernel calls."""
+    from kvrag.errors import ModelError
+    from kvrag.kernels.attention import invariant_attention
+
+    q = torch.randn(1, 2, 16, 8)
+    with pytest.raises(ModelError, match="attn='sdpa'"):
+        invariant_attention(None, q, q, q, None, softcap=50.0)
