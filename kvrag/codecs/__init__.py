@@ -83,8 +83,9 @@ class GraftCache(DynamicCache):
         held, added = (layer.keys.shape[-2] if layer.keys.dim() == 4 else 0), key_states.shape[-2]
         keys, values = self._buffers.get(layer_idx, (None, None))
         if not (held and _leads(layer.keys, keys) and _leads(layer.values, values) and held + added <= keys.shape[-2]):
-            rows = -(-(held + added + 1) // KEY_BLOCK) * KEY_BLOCK  # room for decoding steps after
-            keys, values = key_value_buffer(key_states, rows), key_value_buffer(value_states, rows)
+            rows = -(-(held + added) // KEY_BLOCK) * KEY_BLOCK  # whole blocks; a later block is a new buffer
+            keys = key_value_buffer(key_states, rows, written=held + added)
+            values = key_value_buffer(value_states, rows, written=held + added)
             if held:
                 keys[:, :, :held], values[:, :, :held] = layer.keys, layer.values
             self._buffers[layer_idx] = keys, values

@@ -133,12 +133,14 @@ def _key_span(visible: torch.Tensor, k_total: int) -> tuple[int, int]:
 _BUFFERS: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
 
 
-def key_value_buffer(like: torch.Tensor, rows: int) -> torch.Tensor:
-    """Zeros shaped like `like` ([b, h, n, d]) with `rows` positions, whose leading views this kernel
-    reads as already padded: a cache that keeps its K/V as views of such a buffer (rows past a view
-    finite: zeros, or positions read and dropped) spares the kernel a padded copy of every layer.
-    The kernel knows a buffer only while someone holds it (the cache)."""
-    buffer = like.new_zeros((*like.shape[:-2], rows, like.shape[-1]))
+def key_value_buffer(like: torch.Tensor, rows: int, *, written: int = 0) -> torch.Tensor:
+    """A tensor shaped like `like` ([b, h, n, d]) with `rows` positions, whose leading views this
+    kernel reads as already padded: a cache that keeps its K/V as views of such a buffer (rows past
+    a view finite: zeros, or positions read and dropped) spares the kernel a padded copy of every
+    layer. The first `written` rows are left for the caller to fill, the rest are zeros. The kernel
+    knows a buffer only while someone holds it (the cache)."""
+    buffer = like.new_empty((*like.shape[:-2], rows, like.shape[-1]))
+    buffer[..., written:, :].zero_()
     _BUFFERS[buffer.data_ptr()] = buffer
     return buffer
 
