@@ -19,6 +19,10 @@ from kvrag import KVEngine, MemoryStore
 from kvrag.testing import KVRagServer, RedisServer
 from tests.conftest import DOC_A, DOC_B, DOC_C, QUESTION, tiny
 
+#: the document read as text; under the default kernel a stored prompt header (template and system
+#: text another prompt began with) may be grafted before it, which the receipt calls partial-graft
+READ_AS_TEXT = ("text-prefill", "partial-graft")
+
 MODEL = "tiny-random-llama"
 TOKENS = 8
 
@@ -223,7 +227,7 @@ def test_llamaindex_openai_like_chat_and_complete(server_a, local):
 def test_a_state_deposited_through_one_server_grafts_in_the_other_from_redis(server_a, server_b):
     question, document = "What is in the lantern room?", unseen(DOC_C)
     cold = ask(server_a, question, [document], memo=False)
-    assert receipt(cold)["mode"] == "text-prefill"
+    assert receipt(cold)["mode"] in READ_AS_TEXT
     other = ask(server_b, question, [document], memo=False)
     assert receipt(other)["mode"] == "exact-graft"
     assert [s["tier"].split("://")[0] for s in receipt(other)["states"]] == ["redis"]
@@ -252,7 +256,7 @@ def test_beyond_the_queue_requests_get_429_with_retry_after(server_a):
 def test_a_restarted_server_finds_its_states_in_redis(server_b):
     question, document = "Who retired in 1988?", unseen(DOC_B)
     first = ask(server_b, question, [document], memo=False)
-    assert receipt(first)["mode"] == "text-prefill"
+    assert receipt(first)["mode"] in READ_AS_TEXT
     server_b.stop()
     server_b.start()
     again = ask(server_b, question, [document], memo=False)
@@ -268,8 +272,13 @@ def test_with_redis_killed_answers_continue_by_text_and_receipts_say_why(tmp_pat
         redis_own.stop(kill=True)
         for i in range(3):
             response = ask(server, "What changed in 1904?", [f"{DOC_B} Note {i}."], memo=False)
-            assert receipt(response)["mode"] == "text-prefill"
-            assert [s["reason"] for s in receipt(response)["states"]] == ["unavailable"]
+            states = receipt(response)["states"]
+            reasons = [s["reason"] for s in states if s["reason"]]
+            if receipt(response)["mode"] == "text-prefill":
+                assert reasons == ["unavailable"]
+            else:  # a stored prefix (an earlier answer's state, kept in-process) grafted, the rest read
+                assert receipt(response)["mode"] == "partial-graft" and reasons == ["missing"]
+                assert all(s["tier"].startswith("memory://") for s in states if not s["reason"])
         assert httpx.get(server.base + "/health").status_code == 200
     finally:
         server.stop(kill=True)

@@ -15,6 +15,10 @@ from kvrag.testing import KVRagServer, RedisServer
 from kvrag.trust import derive_tenant_key
 from tests.conftest import DOC_A, QUESTION, tiny
 
+#: the document read as text; under the default kernel a stored prompt header (the tenant's own)
+#: may be grafted before it, which the receipt calls partial-graft
+READ_AS_TEXT = ("text-prefill", "partial-graft")
+
 MODEL = "tiny-random-llama"
 OPERATOR = "operator-secret-for-the-auth-tests"
 KEY_A, KEY_B = "key-of-tenant-a-0123456789", "key-of-tenant-b-0123456789"
@@ -66,18 +70,19 @@ def test_a_missing_or_wrong_key_gets_401_in_openais_shape(server, key):
 def test_a_working_key_answers_and_grafts_the_second_time(server):
     document = f"{DOC_A} (Case {uuid.uuid4().hex[:8]}.)"
     cold, warm = ask(server, KEY_A, document, memo=False), ask(server, KEY_A, document, memo=False)
-    assert receipt(cold)["mode"] == "text-prefill" and receipt(warm)["mode"] == "exact-graft"
+    assert receipt(cold)["mode"] in READ_AS_TEXT and receipt(warm)["mode"] == "exact-graft"
     assert receipt(warm)["first_token_logits_sha256"] == receipt(cold)["first_token_logits_sha256"]
     assert httpx.get(server.base + "/health", headers={"Authorization": f"Bearer {KEY_B}"}).status_code == 200
 
 
 def test_two_tenants_on_one_server_see_neither_states_nor_memo_of_the_other(server, redis):
     document = f"{DOC_A} (Case {uuid.uuid4().hex[:8]}.)"
-    assert receipt(ask(server, KEY_A, document, memo=False))["mode"] == "text-prefill"
+    assert receipt(ask(server, KEY_A, document, memo=False))["mode"] in READ_AS_TEXT
     assert receipt(ask(server, KEY_A, document, memo=False))["mode"] == "exact-graft"
     # tenant-b asks the same: its own state, not tenant-a's (which it can neither address nor check)
     b = ask(server, KEY_B, document, memo=False)
-    assert receipt(b)["mode"] == "text-prefill" and receipt(b)["states"][0]["reason"] == "missing"
+    assert receipt(b)["mode"] in READ_AS_TEXT
+    assert [s["reason"] for s in receipt(b)["states"] if s["reason"]] == ["missing"]
     assert receipt(b)["first_token_logits_sha256"] == receipt(ask(server, KEY_A, document, memo=False))[
         "first_token_logits_sha256"]  # the same answer, computed apart
 
