@@ -23,6 +23,9 @@ DOC_A = (
 DOC_B = "In 1904 the lamp was converted to kerosene, and in 1952 it was electrified. The last keeper retired in 1988."
 DOC_C = "Today the tower is a museum. Visitors climb 212 steps to the lantern room, where the Fresnel lens remains."
 QUESTION = "Who built the lighthouse?"
+#: receipt modes of a request whose document is read as text: under the default kernel a stored
+#: prompt header (template and system text another prompt began with) may be grafted before it
+READ_AS_TEXT = ("text-prefill", "partial-graft")
 
 
 def tiny(family: str, dtype: str = "float32", attn: str = DEFAULT_ATTN) -> LoadedModel:

@@ -21,7 +21,7 @@ from kvrag.codecs.base import LayerCodec
 from kvrag.codecs.full import FullAttention
 from kvrag.codecs.sliding import SlidingWindow
 from kvrag.errors import ModelError
-from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, key_value_buffer
+from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, buffer_of, key_value_buffer
 
 # transformers 5.23 announces a rename of `past_key_values` to `cache`, but its models' forward
 # signatures still take `past_key_values` (a `cache=` argument is silently ignored there).
@@ -103,8 +103,8 @@ class GraftCache(DynamicCache):
 
 
 def _leads(states: torch.Tensor, buffer: torch.Tensor | None) -> bool:
-    """Whether `states` is the leading rows of `buffer`."""
-    return buffer is not None and states.data_ptr() == buffer.data_ptr() and states.stride() == buffer.stride()
+    """Whether `states` is the leading rows of `buffer` (this cache's own: never another's)."""
+    return buffer is not None and buffer_of(states) is buffer
 
 
 def new_cache(hf_model: Any) -> GraftCache:

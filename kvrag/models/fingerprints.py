@@ -123,8 +123,8 @@ def model_fingerprint(model: Fingerprinted) -> ModelFingerprint:
         tokenizer_sha256=_sha256_json(tokenizer_desc),
         chat_template_sha256=hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest(),
         dtype=str(model.dtype).removeprefix("torch."),
-        # the invariant kernel's second arithmetic (one product over keys, linear layers of >= 16
-        # rows): states made under the first carry other bits and must not be found
+        # the invariant kernel's current arithmetic (torch's flash attention on whole 512-key blocks,
+        # linear layers fed >= 16 rows): states of the earlier ones carry other bits, never found
         attn_implementation=model.attn if model.attn != "invariant" else "invariant/2",
         rope=_rope_settings(model),
         transformers_version=transformers.__version__,

@@ -17,11 +17,7 @@ import pytest
 
 from kvrag import KVEngine, MemoryStore
 from kvrag.testing import KVRagServer, RedisServer
-from tests.conftest import DOC_A, DOC_B, DOC_C, QUESTION, tiny
-
-#: the document read as text; under the default kernel a stored prompt header (template and system
-#: text another prompt began with) may be grafted before it, which the receipt calls partial-graft
-READ_AS_TEXT = ("text-prefill", "partial-graft")
+from tests.conftest import DOC_A, DOC_B, DOC_C, QUESTION, READ_AS_TEXT, tiny
 
 MODEL = "tiny-random-llama"
 TOKENS = 8

@@ -13,11 +13,7 @@ import pytest
 from kvrag import KVEngine, Provenance
 from kvrag.testing import KVRagServer, RedisServer
 from kvrag.trust import derive_tenant_key
-from tests.conftest import DOC_A, QUESTION, tiny
-
-#: the document read as text; under the default kernel a stored prompt header (the tenant's own)
-#: may be grafted before it, which the receipt calls partial-graft
-READ_AS_TEXT = ("text-prefill", "partial-graft")
+from tests.conftest import DOC_A, QUESTION, READ_AS_TEXT, tiny
 
 MODEL = "tiny-random-llama"
 OPERATOR = "operator-secret-for-the-auth-tests"

@@ -85,7 +85,7 @@ def test_under_sdpa_the_thread_count_stays_in_the_keys():
 
 
 def test_states_of_the_earlier_invariant_kernels_are_never_found():
-    """The kernel's name in the fingerprint changed with its bits (rows in [K, N] order): a state
+    """The kernel's name in the fingerprint changed with its bits (last: on torch's flash attention): a state
     keyed under an earlier name is addressed elsewhere, so it is never grafted."""
     from kvrag.trust.identity import EngineIdentity
 
@@ -94,7 +94,7 @@ def test_states_of_the_earlier_invariant_kernels_are_never_found():
     assert now.attn_implementation == "invariant/2"
     key = b"k" * 32
     current = EngineIdentity.of(now, "cpu", key, "")
-    for earlier in ("invariant", "invariant+rows16"):
+    for earlier in ("invariant", "invariant+rows16", "invariant+rows16kn"):
         old = now.model_copy(update={"attn_implementation": earlier})
         assert old.digest != now.digest
         assert EngineIdentity.of(old, "cpu", key, "").scope != current.scope
