@@ -13,11 +13,12 @@ two parts differ in the last bits. This kernel calls the same flash kernel (torc
   absolute position 0 (a sliding-window layer, which holds a later tail, is padded at the front
   too); padded keys are masked, so each of a row's key blocks holds the same keys at the same
   places in every call, and blocks a row cannot see change nothing (their weights are exact zeros);
-- query rows are read in chunks of at most `QUERY_CHUNK`, each padded to whole blocks of
-  `QUERY_BLOCK` with copies of its last row (a CPU product gave a row other bits among fewer than
-  ~12 rows than among more; the flash kernel's query blocks are then never shorter than 32 rows),
-  each attending to the whole key blocks its rows can see (so a long read does not weigh every key
-  for every row);
+- query rows are read in chunks of at most `QUERY_CHUNK`, each padded with copies of its last
+  row so that no query block of the flash kernel holds fewer than `MIN_QUERY_ROWS` rows (it splits
+  rows into blocks of 32, 64 or 256; a block of 1 to 3 rows gave other bits than the same rows in a
+  block of 32, every count from 4 to 32 the same bits: measured, float32 and bfloat16, 1 and 2
+  threads), each chunk attending to the whole key blocks its rows can see (so a long read does not
+  weigh every key for every row);
 - a first read of a prompt (no cache, plain causal mask) is one causal call on the padded layout:
   the flash kernel skips the blocks past each row itself, and the blocks it does weigh are the ones
   above.
@@ -35,6 +36,7 @@ after `import kvrag`, its linear layers made invariant with
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -42,15 +44,17 @@ import torch
 
 from kvrag.errors import ModelError
 
-__all__ = ["INVARIANT", "KEY_BLOCK", "QUERY_BLOCK", "QUERY_CHUNK", "MIN_FORWARD_ROWS", "invariant_attention",
-           "key_value_buffer", "buffer_of", "register"]
+__all__ = ["INVARIANT", "KEY_BLOCK", "QUERY_BLOCK", "MIN_QUERY_ROWS", "QUERY_CHUNK", "MIN_FORWARD_ROWS",
+           "invariant_attention", "query_rows", "key_value_buffer", "buffer_of", "register"]
 
 INVARIANT = "invariant"
 #: keys are padded to whole blocks of this many, aligned at absolute position 0 (the CPU flash
 #: kernel's key block: it reduces over keys in blocks of 512 once a call holds 512 or more)
 KEY_BLOCK = 512
-#: query rows are padded to a multiple of this (never fewer)
+#: the flash kernel splits a call's query rows into blocks of a multiple of this (32, 64 or 256)
 QUERY_BLOCK = 32
+#: no query block of a call holds fewer rows than this (padded with copies of the last row)
+MIN_QUERY_ROWS = 16
 #: a read's query rows are taken in chunks of at most this many
 QUERY_CHUNK = 512
 #: prompt reads shorter than this are padded (see `ModelRunner.forward`)
@@ -97,23 +101,67 @@ def invariant_attention(
                     scale=scaling, enable_gqa=gqa)[:, :, :q_len]
         return out.transpose(1, 2).contiguous(), None
 
-    visible = _visibility(attention_mask, batch, q_len, kv_len, q_start, k_start, query.device)
-    k_front = k_start % KEY_BLOCK
-    k_total = _whole(k_front + kv_len, KEY_BLOCK)
-    keys, values = _pad(key, k_front, k_total), _pad(value, k_front, k_total)
-    visible = torch.nn.functional.pad(visible, (k_front, k_total - k_front - kv_len))
-
+    plan = _plan(attention_mask, kwargs.get("position_ids"), batch, q_len, kv_len, q_start, k_start, query)
+    keys, values = _pad(key, plan.k_front, plan.k_total), _pad(value, plan.k_front, plan.k_total)
     out = query.new_empty((batch, heads, q_len, head_dim))
-    for first in range(0, q_len, QUERY_CHUNK):
-        end = min(q_len, first + QUERY_CHUNK)
-        # rows padded to whole QUERY_BLOCKs with copies of the chunk's last row
-        rows = torch.arange(first, first + _whole(end - first, QUERY_BLOCK), device=query.device).clamp_(max=end - 1)
-        chunk_visible = visible[:, :, rows]
-        lo, hi = _key_span(chunk_visible, k_total)
-        part = _sdpa(query[:, :, rows], keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=chunk_visible[..., lo:hi],
-                     scale=scaling, enable_gqa=gqa)
+    for first, end, rows, lo, hi, mask in plan.chunks:
+        part = _sdpa(query[:, :, rows], keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=mask, scale=scaling,
+                     enable_gqa=gqa)
         out[:, :, first:end] = part[:, :, : end - first]
     return out.transpose(1, 2).contiguous(), None
+
+
+def query_rows(n: int) -> int:
+    """How many rows a chunk of `n` query rows is computed as: at least `MIN_QUERY_ROWS`, and so that
+    its last block (of any multiple of `QUERY_BLOCK` rows) holds none or at least `MIN_QUERY_ROWS`."""
+    rows = max(n, MIN_QUERY_ROWS)
+    tail = rows % QUERY_BLOCK
+    return rows + (MIN_QUERY_ROWS - tail if 0 < tail < MIN_QUERY_ROWS else 0)
+
+
+class _Plan:
+    """What every layer of one forward does alike: the key padding, and per query chunk its rows,
+    key span and additive mask (as sdpa makes from a boolean one). Made once per mask and shape."""
+
+    def __init__(self, visible: torch.Tensor, kv_len: int, k_start: int, dtype: torch.dtype) -> None:
+        q_len = visible.shape[-2]
+        self.k_front = k_start % KEY_BLOCK
+        self.k_total = _whole(self.k_front + kv_len, KEY_BLOCK)
+        visible = torch.nn.functional.pad(visible, (self.k_front, self.k_total - self.k_front - kv_len))
+        self.chunks = []
+        for first in range(0, q_len, QUERY_CHUNK):
+            end = min(q_len, first + QUERY_CHUNK)
+            rows = torch.arange(first, first + query_rows(end - first), device=visible.device).clamp_(max=end - 1)
+            chunk_visible = visible[:, :, rows]
+            lo, hi = _key_span(chunk_visible, self.k_total)
+            mask = torch.zeros(chunk_visible[..., lo:hi].shape, dtype=dtype, device=visible.device)
+            mask.masked_fill_(chunk_visible[..., lo:hi].logical_not(), float("-inf"))
+            self.chunks.append((first, end, rows, lo, hi, mask))
+
+
+#: each thread's plans for the forward it is in, by the mask (or positions) they were made for:
+#: a plan lives as long as that tensor does (transformers drops it when the forward ends)
+_PLANS = threading.local()
+_PLANS_KEPT = 8
+
+
+def _plan(mask: torch.Tensor | None, position_ids: torch.Tensor | None, batch: int, q_len: int, kv_len: int,
+          q_start: int, k_start: int, query: torch.Tensor) -> _Plan:
+    anchor = mask if mask is not None else position_ids
+    key = (mask is None, batch, q_len, kv_len, q_start, k_start, query.dtype, query.device)
+    made: dict[int, tuple[Any, tuple[Any, ...], _Plan]] | None = getattr(_PLANS, "made", None)
+    if made is None:
+        made = _PLANS.made = {}
+    for held, held_key, plan in list(made.values()):
+        if held() is anchor and anchor is not None and held_key == key:
+            return plan
+    plan = _Plan(_visibility(mask, batch, q_len, kv_len, q_start, k_start, query.device), kv_len, k_start, query.dtype)
+    if anchor is not None:
+        number = _PLANS.count = getattr(_PLANS, "count", 0) + 1
+        made[number] = (weakref.ref(anchor, lambda _, made=made, number=number: made.pop(number, None)), key, plan)
+        while len(made) > _PLANS_KEPT:
+            made.pop(next(iter(made)))
+    return plan
 
 
 def _whole(n: int, block: int) -> int:

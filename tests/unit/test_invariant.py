@@ -212,8 +212,20 @@ def test_an_attention_row_has_the_same_bits_however_the_prompt_is_split(heads, k
         return out
 
     whole = attend(0, length)
-    for start, end in ((0, 490), (490, 1011), (1011, 1020), (1020, 1021), (1021, 1100), (37, 64), (64, 65)):
+    for start, end in ((0, 490), (490, 1011), (1011, 1020), (1020, 1021), (1021, 1100), (37, 64), (64, 65),
+                       (100, 117), (117, 137), (137, 170), (170, 220), (220, 285), (285, 318), (318, 530)):
         assert torch.equal(attend(start, end), whole[:, start:end]), (start, end)
+
+
+def test_no_query_block_of_the_flash_kernel_is_short():
+    """The flash kernel splits rows into blocks of 32, 64 or 256; a block of 1-3 rows rounds
+    otherwise, so a chunk is computed as a row count whose every block holds MIN_QUERY_ROWS or more."""
+    from kvrag.kernels.attention import MIN_QUERY_ROWS, QUERY_CHUNK, query_rows
+
+    for rows in range(1, QUERY_CHUNK + 1):
+        computed = query_rows(rows)
+        assert rows <= computed < rows + MIN_QUERY_ROWS and computed >= MIN_QUERY_ROWS, rows
+        assert all(computed % block == 0 or computed % block >= MIN_QUERY_ROWS for block in (32, 64, 256)), rows
 
 
 def test_reads_after_a_graft_append_in_place_and_never_write_the_grafted_tensors():

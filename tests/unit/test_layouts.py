@@ -165,3 +165,21 @@ def test_an_answer_that_opens_with_a_newline_has_not_ended():
         deltas.extend(decoder.push(token))
     deltas.extend(decoder.flush())
     assert "".join(deltas) == "Edric Hollow" and decoder.done
+
+
+def test_a_documents_ids_are_remembered_as_its_tokenizer_gives_them_and_bounded(monkeypatch):
+    """The same retrieved documents come back question after question: their ids are remembered,
+    equal to a fresh tokenization, never shared with a caller who changes them, and the memory is
+    bounded by the characters it holds."""
+    from kvrag.core import prompt
+
+    monkeypatch.setattr(prompt._RecentIds, "MAX_CHARS", 400)
+    layout = PromptLayout.for_tokenizer(tiny("llama").tokenizer)
+    first = layout.document_ids(DOC_A)
+    first.append(7)
+    assert layout.document_ids(DOC_A) == list(layout.tokenizer(DOC_A.rstrip() + "\n", add_special_tokens=False)["input_ids"])
+    for n in range(40):
+        layout.document_ids(f"document number {n} " * 3)
+    assert layout._documents._chars <= 400 and len(layout._documents._ids) < 40
+    other = dataclasses.replace(layout, tokenizer=base_model().tokenizer)
+    assert other._documents is not layout._documents
