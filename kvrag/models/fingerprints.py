@@ -18,6 +18,9 @@ from typing import Any, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
+from kvrag.kernels.attention import INVARIANT
+from kvrag.kernels.linear import linear_kernel
+
 __all__ = ["Fingerprinted", "ModelFingerprint", "HardwareFingerprint", "model_fingerprint", "hardware_fingerprint"]
 
 # Config fields that name where a model came from rather than what it computes.
@@ -123,12 +126,18 @@ def model_fingerprint(model: Fingerprinted) -> ModelFingerprint:
         tokenizer_sha256=_sha256_json(tokenizer_desc),
         chat_template_sha256=hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest(),
         dtype=str(model.dtype).removeprefix("torch."),
-        # the invariant kernel's current arithmetic (torch's flash attention on whole 512-key blocks,
-        # linear layers fed >= 16 rows): states of the earlier ones carry other bits, never found
-        attn_implementation=model.attn if model.attn != "invariant" else "invariant/2",
+        attn_implementation=_kernel_name(model.attn),
         rope=_rope_settings(model),
         transformers_version=transformers.__version__,
     )
+
+
+def _kernel_name(attn: str) -> str:
+    """The invariant kernel's current arithmetic (torch's flash attention on whole 512-key blocks,
+    linear layers by oneDNN fed >= 16 rows): states of the earlier ones carry other bits, never found."""
+    if attn != INVARIANT:
+        return attn
+    return "invariant/3" if linear_kernel() == "onednn" else "invariant/2"
 
 
 @lru_cache(maxsize=None)

@@ -91,10 +91,10 @@ def test_states_of_the_earlier_invariant_kernels_are_never_found():
 
     model = tiny("llama", "float32", "invariant")
     now = model.fingerprint
-    assert now.attn_implementation == "invariant/2"
+    assert now.attn_implementation == "invariant/3"
     key = b"k" * 32
     current = EngineIdentity.of(now, "cpu", key, "")
-    for earlier in ("invariant", "invariant+rows16", "invariant+rows16kn"):
+    for earlier in ("invariant", "invariant+rows16", "invariant+rows16kn", "invariant/2"):
         old = now.model_copy(update={"attn_implementation": earlier})
         assert old.digest != now.digest
         assert EngineIdentity.of(old, "cpu", key, "").scope != current.scope
