@@ -47,6 +47,8 @@ def make_linear_invariant(model: Any) -> Any:
         if isinstance(module, (torch.nn.Linear, Conv1D)):
             stock = module.forward
             forward = _OneDnn(module, transposed=isinstance(module, Conv1D), stock=stock) if onednn else stock
+            if onednn:
+                forward.prepare()  # now, not in the first answer's time to first token
             module.forward = _AtLeastRows(forward)
     model._kvrag_invariant_linear = True
     return model
@@ -67,6 +69,11 @@ class _OneDnn:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(rows.contiguous(), None)
             self._made_from = made_from
         return self._packed
+
+    def prepare(self) -> None:
+        weight = self.module.weight
+        if weight.device.type == "cpu" and weight.dtype in _DTYPES and not weight.is_meta:
+            self._reordered(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.module.weight, self.module.bias

@@ -176,7 +176,7 @@ def test_forged_prefix_records_graft_nothing():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k, n", [(576, 576), (576, 192), (576, 1536), (1536, 576), (640, 1024), (640, 256),
-                                  (1024, 640), (640, 2048), (2048, 640), (64, 128), (128, 64)])
+                                  (1024, 640), (640, 2048), (2048, 640), (64, 128), (128, 64), (576, 49152)])
 def test_an_invariant_linear_row_has_the_same_bits_read_alone_or_among_many(k, n, dtype):
     """The widths of smollm2-135m, gemma3-270m and the tiny models: a row read alone or among a
     few (a question's rows, a decoding step) equals the same row inside a long call."""
@@ -190,6 +190,26 @@ def test_an_invariant_linear_row_has_the_same_bits_read_alone_or_among_many(k, n
         for start, rows in ((598, 1), (590, 5), (500, 11), (300, 16), (17, 40), (0, 300)):
             part = layer(x[:, start : start + rows].contiguous())
             assert torch.equal(part, whole[:, start : start + rows]), (start, rows)
+
+
+def test_an_invariant_linear_layer_follows_its_weight_when_it_changes():
+    """The reordered weight oneDNN reads is made again when the layer's weight changes in place or
+    is loaded anew, so a layer never computes with a stale copy."""
+    from kvrag.kernels.linear import make_linear_invariant
+
+    torch.manual_seed(0)
+    model = make_linear_invariant(torch.nn.Sequential(torch.nn.Linear(64, 32)))
+    x = torch.randn(20, 64)
+    with torch.inference_mode():
+        before = model(x)
+    with torch.no_grad():
+        model[0].weight.mul_(2)
+        model[0].bias.zero_()
+    with torch.inference_mode():
+        assert torch.allclose(model(x), torch.nn.functional.linear(x, model[0].weight), atol=1e-5)
+    model.load_state_dict({"0.weight": torch.zeros(32, 64), "0.bias": torch.ones(32)})
+    with torch.inference_mode():
+        assert torch.equal(model(x), torch.ones(20, 32)) and not torch.equal(model(x), before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
