@@ -10,8 +10,10 @@ them), and it is 1.5-4x faster than `F.linear` in float32 (2-5x for a 25-row que
 with fewer than `ROW_BLOCK` rows is still padded with zero rows, dropped from its output (a
 single row differed for two widths).
 
-The reordered weight is a second copy of each layer's weight, made again whenever the weight
-changes (its address, version or dtype). Off the CPU, or where torch has no oneDNN, a layer runs
+The reordered weight is a second copy of each layer's weight (made at load), made again whenever
+the weight changes through torch (its address, version counter or dtype: an in-place update,
+`load_state_dict`, `.to(dtype)`; a write through `.data` bypasses the version counter and is not
+seen). Off the CPU, or where torch has no oneDNN, a layer runs
 its own forward fed at least `ROW_BLOCK` rows (the previous arithmetic, named otherwise in the
 fingerprint: see `linear_kernel`).
 """
