@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-__all__ = ["CHUNK_BYTES", "PayloadLayout", "ChunkOpener", "Sha256Chunks", "chunk_digests", "CheckedBuffer", "hash_pool",
-           "read_checked", "open_payload", "stored_form"]
+__all__ = ["CHUNK_BYTES", "PayloadLayout", "ChunkOpener", "Sha256Chunks", "chunk_digests", "CheckedBuffer", "HeldBytes",
+           "hash_pool", "read_checked", "open_payload", "stored_form"]
 
 CHUNK_BYTES = 8 << 20
 
@@ -135,6 +135,15 @@ class CheckedBuffer(mmap.mmap):
         return memoryview(self)[: self.size_]
 
 
+class HeldBytes(bytes):
+    """Stored bytes a tier holds in this process, as they were put: immutable, so once a check has
+    passed over them it is recorded (`checked_by`, as on a `CheckedBuffer`) and the same check is
+    not run again on the next read. Bytes put anew are a new object, checked again."""
+
+    #: the `ChunkOpener.identity` that checked them (None: not checked)
+    checked_by: tuple[Any, ...] | None = None
+
+
 def stored_form(payload: Any) -> Any:
     """The bytes a tier stores for `payload`: a sealed payload's stored bytes, else the payload."""
     sealed = getattr(payload, "sealed", None)
@@ -173,6 +182,8 @@ def open_payload(data: Any, layout: PayloadLayout) -> CheckedBuffer | memoryview
     view = data.view() if isinstance(data, CheckedBuffer) else memoryview(data).cast("B")
     if len(view) != layout.size:
         return None
+    if isinstance(data, HeldBytes) and opener.in_place and data.checked_by == opener.identity:
+        return view
     out = None if opener.in_place else CheckedBuffer(layout.plaintext_bytes)
     jobs = []
     for index, start in enumerate(range(0, layout.size, layout.chunk_bytes)):
@@ -185,6 +196,8 @@ def open_payload(data: Any, layout: PayloadLayout) -> CheckedBuffer | memoryview
     if not all(ok):
         return None
     if out is None:
+        if isinstance(data, HeldBytes):
+            data.checked_by = opener.identity
         return view
     out.checked_by = opener.identity
     return out

@@ -25,8 +25,8 @@ two parts differ in the last bits. This kernel calls the same flash kernel (torc
 
 The linear layers around attention depend on the row count too: a CPU matrix product gave a row
 other bits among fewer than ~12 rows than among more (float32). Under this kernel every linear layer
-is computed with at least `ROW_BLOCK` rows (`kvrag.kernels.linear`). Decoding steps are one row,
-as in a stock `model.generate`.
+is oneDNN's product over a reordered weight, fed at least `ROW_BLOCK` rows (`kvrag.kernels.linear`).
+Decoding steps are one row, as in a stock `model.generate`.
 
 The kernel is registered with transformers under the name `invariant` (an attention function and
 its mask), so a stock `AutoModelForCausalLM.from_pretrained(..., attn_implementation="invariant")`

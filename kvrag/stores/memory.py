@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Iterator
 
-from kvrag.artifacts.digests import CheckedBuffer
+from kvrag.artifacts.digests import CheckedBuffer, HeldBytes
 from kvrag.errors import StoreError
 from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
 
@@ -95,8 +95,9 @@ class MemoryStore(StateStore, BlobStore):
             return
         # A payload another tier already checked (a `CheckedBuffer`, which kvrag never writes
         # into) is kept as it is: promoting a state into this tier copies nothing, and a hit
-        # hashes nothing again.
-        value = (bytes(manifest), payload if isinstance(payload, CheckedBuffer) else bytes(payload))
+        # hashes nothing again. Other bytes are kept immutable (`HeldBytes`): checked on their
+        # first read, not again on later ones.
+        value = (bytes(manifest), payload if isinstance(payload, CheckedBuffer) else HeldBytes(payload))
         self._set(("state", check_key(key)), value, len(value[0]) + len(value[1]))
 
     def delete(self, key: str) -> None:

@@ -42,6 +42,12 @@ def derive(key: bytes, purpose: bytes, salt: bytes = b"kvrag/1") -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=purpose).derive(key)
 
 
+@lru_cache(maxsize=256)
+def _key_id(key: bytes) -> bytes:
+    """A name for a derived key that reveals nothing of it."""
+    return blake3.blake3(b"kvrag-key-id/1", key=key).digest()
+
+
 def _chunk_header(state_key: str, index: int, length: int) -> bytes:
     return b"kvrag-chunk/1\x00" + state_key.encode() + struct.pack("<QQ", index, length)
 
@@ -58,7 +64,9 @@ class KeyedTags(ChunkOpener):
 
     @property
     def identity(self) -> tuple[Any, ...]:
-        return (_TAGGED, self.state_key, self.tags)
+        # names the key too: bytes checked under one key are never taken as checked under another
+        # whose manifest lists the same tags
+        return (_TAGGED, _key_id(self._key), self.state_key, self.tags)
 
     def tag(self, index: int, chunk: Any) -> str:
         view = memoryview(chunk).cast("B")
@@ -79,13 +87,14 @@ class AeadChunks(ChunkOpener):
     overhead = AEAD_TAG_BYTES
 
     def __init__(self, signing_key: bytes, state_key: str, nonce: bytes, count: int, stored_chunks: tuple[str, ...] = ()) -> None:
-        self._aead = AESGCM(derive(derive(signing_key, b"kvrag-confidential/1"), state_key.encode(), salt=nonce))
+        key = derive(derive(signing_key, b"kvrag-confidential/1"), state_key.encode(), salt=nonce)
+        self._aead, self._key_id = AESGCM(key), _key_id(key)
         self.state_key, self.nonce, self.count = state_key, nonce, count
         self.stored_chunks = tuple(stored_chunks)
 
     @property
     def identity(self) -> tuple[Any, ...]:
-        return (_SEALED, self.state_key, self.nonce, self.count, self.stored_chunks)
+        return (_SEALED, self._key_id, self.state_key, self.nonce, self.count, self.stored_chunks)
 
     def _aad(self, index: int) -> bytes:
         return _chunk_header(self.state_key, index, self.count)

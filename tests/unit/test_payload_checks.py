@@ -185,3 +185,35 @@ def test_reads_accept_both_forms_each_authenticated_under_the_readers_key():
     assert store.read_manifest(ref.key).startswith(b'{"format":"kvrag.private/1"')
     receipt = plain.generate(QUESTION, states=[ref], max_new_tokens=1, memo=False).receipt
     assert receipt.mode == "exact-graft" and receipt.first_token_logits_sha256 == text.first_token_logits_sha256
+
+
+def test_bytes_held_in_memory_are_checked_once_and_bytes_put_anew_again(monkeypatch):
+    """A memory tier keeps a payload immutable: its first read checks every chunk's tag, later reads
+    of the same bytes check none; bytes put in its place (a flipped byte) are checked again and
+    answered by text."""
+    from kvrag import MemoryStore
+
+    opened = []
+    real_open = KeyedTags.open
+    monkeypatch.setattr(KeyedTags, "open", lambda self, *a: opened.append(a[0]) or real_open(self, *a))
+    store = MemoryStore()
+    engine = KVEngine(tiny("llama"), store)
+    ref = engine.deposit(DOC_A)
+    modes = []
+    for _ in range(3):
+        modes.append(engine.generate(QUESTION, states=[ref], max_new_tokens=1, memo=False).receipt.mode)
+        modes.append(len(opened))
+    assert modes == ["exact-graft", 1, "exact-graft", 1, "exact-graft", 1]
+    manifest, payload = store.read(ref.key).manifest, bytearray(store.read(ref.key).payload)
+    payload[len(payload) // 2] ^= 1
+    store.put(ref.key, manifest, bytes(payload))
+    assert engine.generate(QUESTION, states=[ref], max_new_tokens=1, memo=False).receipt.mode == "text-prefill"
+    assert len(opened) == 2
+
+
+def test_a_check_under_one_key_is_never_taken_for_a_check_under_another():
+    tags = ("00" * 32,)
+    assert KeyedTags(KEY, STATE, tags).identity == KeyedTags(KEY, STATE, tags).identity
+    assert KeyedTags(KEY, STATE, tags).identity != KeyedTags(b"another-key" * 3, STATE, tags).identity
+    nonce = b"n" * 12
+    assert AeadChunks(KEY, STATE, nonce, 1).identity != AeadChunks(b"another-key" * 3, STATE, nonce, 1).identity
