@@ -6,14 +6,15 @@ layer (`nn.Linear`, GPT-2's `Conv1D`, the output layer) is computed by oneDNN's 
 over a weight it reordered once (`torch.ops.mkldnn`, as torch's own CPU compiler does): measured
 on this machine, a row has the same bits read alone or among 2 to 1,100 rows, at 1 and 2 threads,
 for every width kvrag's models use, float32 and bfloat16 (`tests/unit/test_invariant.py` tries
-them), and it is 1.5-4x faster than `F.linear` in float32 (2-5x for a 25-row question). A call
+them), and it is 2-3x faster than `F.linear` in float32 here, about even in bfloat16
+(`benchmarks/linear_kernels.py`). A call
 with fewer than `ROW_BLOCK` rows is still padded with zero rows, dropped from its output (a
 single row differed for two widths).
 
 The reordered weight is a second copy of each layer's weight (made at load), made again whenever
 the weight changes through torch (its address, version counter or dtype: an in-place update,
-`load_state_dict`, `.to(dtype)`; a write through `.data` bypasses the version counter and is not
-seen). Off the CPU, or where torch has no oneDNN, a layer runs
+`load_state_dict`, `.to(dtype)`; a write through `.data`, or into a weight made under
+`torch.inference_mode`, which keeps no version counter, is not seen). Off the CPU, or where torch has no oneDNN, a layer runs
 its own forward fed at least `ROW_BLOCK` rows (the previous arithmetic, named otherwise in the
 fingerprint: see `linear_kernel`).
 """
@@ -65,7 +66,9 @@ class _OneDnn:
         self._packed: torch.Tensor | None = None
 
     def _reordered(self, weight: torch.Tensor) -> torch.Tensor:
-        made_from = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+        # an inference tensor (made under `torch.inference_mode`) keeps no version counter
+        version = None if weight.is_inference() else weight._version
+        made_from = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
         if self._packed is None or made_from != self._made_from:
             rows = weight.detach().t() if self.transposed else weight.detach()
             self._packed = torch.ops.mkldnn._reorder_linear_weight(rows.contiguous(), None)

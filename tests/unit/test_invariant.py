@@ -212,6 +212,18 @@ def test_an_invariant_linear_layer_follows_its_weight_when_it_changes():
         assert torch.equal(model(x), torch.ones(20, 32)) and not torch.equal(model(x), before)
 
 
+def test_a_model_made_under_inference_mode_can_be_made_invariant():
+    """Inference tensors keep no version counter; their layers are made invariant all the same."""
+    from kvrag.kernels.linear import make_linear_invariant
+
+    with torch.inference_mode():
+        stock = torch.nn.Sequential(torch.nn.Linear(64, 32))
+        x = torch.randn(20, 64)
+        expected = stock(x)
+        model = make_linear_invariant(stock)
+        assert torch.allclose(model(x), expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 1, 256), (4, 2, 16)])
 def test_an_attention_row_has_the_same_bits_however_the_prompt_is_split(heads, kv_heads, head_dim, dtype):
