@@ -292,3 +292,23 @@ def test_attention_logit_soft_capping_is_refused_with_a_clear_error():
     q = torch.randn(1, 2, 16, 8)
     with pytest.raises(ModelError, match="attn='sdpa'"):
         invariant_attention(None, q, q, q, None, softcap=50.0)
+
+
+def test_what_every_layer_does_alike_is_made_once_per_forward(monkeypatch):
+    """The mask, key spans and additive masks of a read after a graft are made once for all the
+    layers of its forward (and again for the next forward), with the same logits."""
+    import kvrag.kernels.attention as attention
+
+    model = tiny("llama", "float32", "invariant")
+    runner = ModelRunner(model)
+    ids = [(i * 11) % 250 + 3 for i in range(140)]
+    cache = runner.new_cache()
+    runner.forward(ids[:100], cache)
+    made = []
+    real = attention._Plan
+    monkeypatch.setattr(attention, "_Plan", lambda *a: made.append(1) or real(*a))
+    logits = runner.forward(ids[100:130], cache)
+    assert len(made) == 1 and model.hf_model.config.num_hidden_layers > 1
+    runner.forward(ids[130:140], cache)
+    assert len(made) == 2
+    assert logits_sha256(logits) == logits_sha256(_one_stock_pass(model, ids[:130]))
