@@ -75,6 +75,10 @@ class _OneDnn:
             self._made_from = made_from
         return self._packed
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a reordered (opaque) tensor cannot be copied or pickled: a copy reorders its own weight
+        return {**self.__dict__, "_packed": None, "_made_from": None}
+
     def prepare(self) -> None:
         weight = self.module.weight
         if weight.device.type == "cpu" and weight.dtype in _DTYPES and not weight.is_meta:

@@ -212,6 +212,18 @@ def test_an_invariant_linear_layer_follows_its_weight_when_it_changes():
         assert torch.equal(model(x), torch.ones(20, 32)) and not torch.equal(model(x), before)
 
 
+def test_an_invariant_model_can_be_copied_and_pickled_and_computes_the_same_bits():
+    import copy
+    import pickle
+
+    model = tiny("llama", "float32", "invariant").hf_model
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.inference_mode():
+        expected = model(input_ids=ids).logits
+        for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert torch.equal(other(input_ids=ids).logits, expected)
+
+
 def test_a_model_made_under_inference_mode_can_be_made_invariant():
     """Inference tensors keep no version counter; their layers are made invariant all the same."""
     from kvrag.kernels.linear import make_linear_invariant
