@@ -4,8 +4,9 @@ Part 1 stores a 64 MiB and a 256 MiB payload in each tier (memory, warm disk, on
 and a 3-master Redis Cluster on loopback, both started here and stopped after) and times a
 verified restore with each per-read check: SHA-256 of every 8 MiB chunk (states written before
 keyed tags), the keyed BLAKE3 tag every state carries now, and AES-256-GCM (confidential states:
-the check also decrypts; the memory tier checks bytes it holds once, so its first reads and its reads again are two rows). Beside them, the same bytes with no check at all, and for Redis a plain
-redis-py `GET` loop over the frames: the wire's own speed. Part 2 grafts `smollm2-135m` states of
+the check also decrypts; the memory tier checks bytes it holds once, so its first reads and its
+reads again are two rows). Beside them, the same bytes with no check at all, and for Redis a
+plain redis-py `GET` loop over the frames: the wire's own speed. Part 2 grafts `smollm2-135m` states of
 about 500, 1,500 and 4,000 tokens from each tier, plain and confidential, and compares time to
 first token with a graft from memory and with text prefill, read whole before the forward (the
 default) and, for some, streamed (the question's forward starts once layer 0 is checked);
@@ -65,7 +66,7 @@ def verified_restore(store, key: str, layout: PayloadLayout | None) -> float:
     return time.perf_counter() - began
 
 
-def record(results: dict, tier: str, check: str, mib: int, times: list[float]) -> None:
+def add_throughput(results: dict, tier: str, check: str, mib: int, times: list[float]) -> None:
     median = statistics.median(times)
     results["throughput"].append({"tier": tier, "check": check, "mib": mib, "ms": round(median * 1e3, 1),
                                   "gib_per_s": round(mib / 1024 / median, 2)})
@@ -124,18 +125,15 @@ def main() -> None:
                     verified_restore(store, key, layout)  # warm: page cache, connections
                     times = [verified_restore(store, key, layout) for _ in range(args.repeat)]
                     if name == "memory":  # it checks bytes it holds once: the rows above are reads again
-                        record(results, "memory, bytes read before", check, mib, times)
+                        add_throughput(results, "memory, bytes read before", check, mib, times)
                         times = []
                         for _ in range(args.repeat):
                             store.put(key, b"{}", data)  # held anew: a first read, checked
                             times.append(verified_restore(store, key, layout))
-                    median = statistics.median(times)
-                    results["throughput"].append({"tier": name, "check": check, "mib": mib, "ms": round(median * 1e3, 1),
-                                                  "gib_per_s": round(mib / 1024 / median, 2)})
+                    add_throughput(results, name, check, mib, times)
                     if check == "none" and name == "redis":
-                        loop = statistics.median(get_loop(server.url, store, key) for _ in range(args.repeat))
-                        results["throughput"].append({"tier": name, "check": "plain GET loop", "mib": mib,
-                                                      "ms": round(loop * 1e3, 1), "gib_per_s": round(mib / 1024 / loop, 2)})
+                        loops = [get_loop(server.url, store, key) for _ in range(args.repeat)]
+                        add_throughput(results, name, "plain GET loop", mib, loops)
                     store.delete(key)
                 store.close()
             del payload, arms
