@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from functools import lru_cache
+from concurrent.futures import Future
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -24,7 +23,7 @@ from kvrag.artifacts.format import StateManifest, header_bytes, payload_plan, te
 from kvrag.core.acceptance import Restored
 from kvrag.errors import IntegrityError, KVRagError, StateError, StoreUnavailableError
 from kvrag.stores import Checked, Found, StateStore
-from kvrag.stores.deadline import Deadline
+from kvrag.stores.deadline import Deadline, submit_read
 
 __all__ = ["ChunkProgress", "StreamFailed", "StreamedTensors", "start_stream"]
 
@@ -37,11 +36,6 @@ class StreamFailed(KVRagError):
         super().__init__(f"state {key[:12]} failed while streamed: {cause}")
         self.key = key
         self.cause = cause
-
-
-@lru_cache(maxsize=1)
-def _readers() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvrag-stream")
 
 
 class ChunkProgress:
@@ -238,7 +232,7 @@ def start_stream(store: StateStore, key: str, check: Any, deadline: Deadline | N
     """Start reading `key` through `check` on a thread of its own; returns once its manifest is
     accepted (`progress.manifest` set) or the read ended (`progress.result` or `progress.failure`)."""
     progress = ChunkProgress(key)
-    future = _readers().submit(store.fetch, key, _StreamCheck(check, progress), deadline)
+    future = submit_read(lambda: store.fetch(key, _StreamCheck(check, progress), deadline))
     future.add_done_callback(progress.finish)
     try:
         progress.wait(lambda: progress.manifest is not None, deadline)

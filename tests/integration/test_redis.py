@@ -101,7 +101,7 @@ def test_a_damaged_redis_copy_is_read_from_the_next_tier(fault, stream, redis_se
     damage(redis_server, ref.key)
     generation = engine.generate(QUESTION, states=[ref], max_new_tokens=6)
     use = generation.receipt.states[0]
-    assert generation.receipt.mode == "exact-graft" and use.tier == f"disk://{tmp_path}"
+    assert generation.receipt.mode == "exact-graft" and use.tier == f"disk://{tmp_path}", generation.receipt.states
     assert reason in use.detail and use.detail.startswith("redis://")
     _same_answer(generation, reference)
     # The verified disk copy was promoted back into Redis: the next ask grafts from the hot tier.

@@ -194,28 +194,34 @@ def _cluster_options(query: str) -> dict[str, Any]:
 
 
 def _short(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` (credentials, TLS) with 0.25 s timeouts and no retry: for the breaker's probe."""
+    """`kwargs` (credentials, TLS) with 1 s timeouts and no retry: for the breaker's probe, which
+    runs on a thread of its own (a caller waits for it a tenth of a second at most)."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     kept = {k: v for k, v in kwargs.items() if k.startswith("ssl") or k in ("username", "password")}
-    return {**kept, "socket_timeout": 0.25, "socket_connect_timeout": 0.25, "retry": Retry(NoBackoff(), 0)}
+    return {**kept, "socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": Retry(NoBackoff(), 0)}
 
 
 def _probe(clients: list[Callable[[], Any]]) -> Callable[[], bool]:
-    """A liveness check for the breaker: a PING on a connection of its own, to the first node that answers."""
+    """A liveness check for the breaker: a PING on a connection of its own, to the first node that
+    answers; when none does, what the last one said is raised (the breaker keeps it)."""
     import redis
 
     def probe() -> bool:
+        failure: Exception | None = None
         for make in clients:
             client = make()
             try:
                 if client.ping():
                     return True
-            except redis.exceptions.RedisError:
+            except redis.exceptions.RedisError as e:
+                failure = e
                 continue
             finally:
                 client.close()
+        if failure is not None:
+            raise StoreError(f"no node answered a PING: {type(failure).__name__}: {failure}") from failure
         return False
 
     return probe
