@@ -9,7 +9,8 @@ the forward first reaches it. A new kind of layer is one new codec module, added
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -19,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 from kvrag.artifacts.format import LayerEntry, tensor_names
 from kvrag.codecs.base import LayerCodec
 from kvrag.codecs.full import FullAttention
+from kvrag.codecs.ready import Lease, ReadyBuffers
 from kvrag.codecs.sliding import SlidingWindow
 from kvrag.errors import ModelError
 from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, buffer_of, key_value_buffer
@@ -27,8 +29,8 @@ from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, buffer_of, key_value_b
 # signatures still take `past_key_values` (a `cache=` argument is silently ignored there).
 warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
 
-__all__ = ["LayerCodec", "FullAttention", "SlidingWindow", "CODECS", "StatePart", "GraftCache", "new_cache", "codecs_for",
-           "extract", "install", "truncated"]
+__all__ = ["LayerCodec", "FullAttention", "SlidingWindow", "CODECS", "StatePart", "GraftCache", "ReadyBuffers",
+           "new_cache", "codecs_for", "extract", "install", "truncated"]
 
 CODECS: tuple[type[LayerCodec], ...] = (FullAttention, SlidingWindow)
 
@@ -41,6 +43,9 @@ class StatePart:
     end: int
     layers: Sequence[LayerEntry]
     tensors: dict[str, torch.Tensor]
+    #: the immutable bytes `tensors` were decoded from (a tier's payload), if they may be grafted
+    #: again from the same object: a kept whole-block buffer of them may serve (`ReadyBuffers`)
+    source: Any = field(default=None, compare=False, repr=False)
 
 
 class GraftCache(DynamicCache):
@@ -53,12 +58,48 @@ class GraftCache(DynamicCache):
     key blocks with room after them, so a read appends in place (no copy of the whole layer per
     call, as concatenation makes) and the kernel reads the padded blocks without copying them."""
 
-    def __init__(self, *, in_place: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, in_place: bool = False, ready: ReadyBuffers | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._deferred: dict[int, Any] = {}
         self._in_place = in_place
         #: each in-place layer's buffers (held here: a view made in inference mode keeps no base)
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._ready_pool = ready if in_place else None
+        self._lease: Lease | None = None
+
+    def lease_ready(self, parts: Sequence[StatePart]) -> bool:
+        """Take the kept whole-block buffers of `parts` (grafted from position 0 into this empty
+        cache), so their layers are installed without a copy and a layer's new buffer is kept."""
+        if self._ready_pool is None or self._lease is not None or not parts or parts[0].start != 0:
+            return False
+        if any(layer.is_initialized for layer in self.layers):
+            return False
+        self._lease = self._ready_pool.lease([p.source for p in parts], [(p.start, p.end) for p in parts])
+        if self._lease is not None:
+            weakref.finalize(self, self._lease.give_back)
+        return self._lease is not None
+
+    def install_ready(self, layer_idx: int, end: int, like: torch.Tensor) -> bool:
+        """Install layer `layer_idx` (positions [0, end), shaped and typed like `like`) from its kept
+        buffers, if it has them; False: install it as usual (its next buffer is then kept)."""
+        held = self._lease.get(layer_idx) if self._lease is not None else None
+        layer = self.layers[layer_idx]
+        if held is None or type(layer) is not DynamicLayer:
+            return False
+        keys, values = held
+        if keys.shape[-2] < end or keys.shape[:-2] != like.shape[:-2] or keys.dtype != like.dtype:
+            return False
+        view_k, view_v = keys[:, :, :end], values[:, :, :end]
+        if not layer.is_initialized:
+            layer.lazy_initialization(view_k, view_v)
+        layer.keys, layer.values = view_k, view_v
+        self._buffers[layer_idx] = keys, values
+        return True
+
+    def release(self) -> None:
+        """This cache is done: its kept buffers may serve another question."""
+        if self._lease is not None:
+            self._lease.give_back()
 
     def defer(self, layer_idx: int, install: Any) -> None:
         self._deferred[layer_idx] = install
@@ -89,6 +130,8 @@ class GraftCache(DynamicCache):
             if held:
                 keys[:, :, :held], values[:, :, :held] = layer.keys, layer.values
             self._buffers[layer_idx] = keys, values
+            if held and self._lease is not None:  # its first rows are the leased parts' own: kept for the next
+                self._lease.keep(layer_idx, keys, values)
         keys[:, :, held : held + added], values[:, :, held : held + added] = key_states, value_states
         layer.keys, layer.values = keys[:, :, : held + added], values[:, :, : held + added]
         return layer.keys, layer.values
@@ -107,8 +150,9 @@ def _leads(states: torch.Tensor, buffer: torch.Tensor | None) -> bool:
     return buffer is not None and buffer_of(states) is buffer
 
 
-def new_cache(hf_model: Any) -> GraftCache:
-    return GraftCache(config=hf_model.config, in_place=hf_model.config._attn_implementation == INVARIANT)
+def new_cache(hf_model: Any, ready: ReadyBuffers | None = None) -> GraftCache:
+    """A cache for one forward run; `ready`: kept whole-block buffers its grafts may lease."""
+    return GraftCache(config=hf_model.config, in_place=hf_model.config._attn_implementation == INVARIANT, ready=ready)
 
 
 def codecs_for(hf_model: Any) -> list[LayerCodec]:
@@ -144,10 +188,15 @@ def install(codecs: Sequence[LayerCodec], cache: DynamicCache, parts: Sequence[S
     `deferred` (a `GraftCache`): each layer when the forward first reaches it."""
     if not parts:
         return
+    ready = isinstance(cache, GraftCache) and cache.lease_ready(parts)
     for index, (codec, layer) in enumerate(zip(codecs, cache.layers)):
         key_name, value_name = tensor_names(index)
 
-        def one(codec: LayerCodec = codec, layer: Any = layer, key_name: str = key_name, value_name: str = value_name) -> None:
+        def one(codec: LayerCodec = codec, layer: Any = layer, key_name: str = key_name, value_name: str = value_name,
+                index: int = index) -> None:
+            if ready and isinstance(codec, FullAttention) and cache.install_ready(
+                    index, parts[-1].end, parts[0].tensors[key_name]):
+                return
             codec.install(
                 layer,
                 [p.tensors[key_name].to(device) for p in parts],

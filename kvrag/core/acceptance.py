@@ -110,7 +110,7 @@ class StateAcceptance:
 
     def payload(self, manifest: StateManifest, payload: Any) -> Restored:
         tensors = decode_payload(payload, manifest, self.payload_layout(manifest))
-        return Restored(manifest, StatePart(manifest.start, manifest.end, manifest.layers, tensors))
+        return Restored(manifest, StatePart(manifest.start, manifest.end, manifest.layers, tensors, source=payload))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kvrag.codecs import StatePart, install
+from kvrag.codecs import ReadyBuffers, StatePart, install
 from kvrag.core.runner import ModelRunner
 
 __all__ = ["Graftable", "Prefill"]
@@ -34,9 +34,9 @@ class Graftable:
 
 
 class Prefill:
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, ready: ReadyBuffers | None = None) -> None:
         self.runner = runner
-        self.cache: Any = runner.new_cache()
+        self.cache: Any = runner.new_cache(ready)
         self.pending: list[StatePart] = []
         self.streams: list[Any] = []
         self.restore_s = self.prefill_s = 0.0

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from kvrag.codecs import GraftCache, LayerCodec, codecs_for, new_cache
+from kvrag.codecs import GraftCache, LayerCodec, ReadyBuffers, codecs_for, new_cache
 from kvrag.core.sampling import Sampler, Sampling
 from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS
 from kvrag.models.loading import LoadedModel
@@ -39,8 +39,8 @@ class ModelRunner:
     def device(self) -> torch.device:
         return self.model.device
 
-    def new_cache(self) -> Any:
-        return new_cache(self.model.hf_model)
+    def new_cache(self, ready: ReadyBuffers | None = None) -> Any:
+        return new_cache(self.model.hf_model, ready)
 
     def forward(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
         """Feed prompt `ids` in one forward call after what `cache` holds; the last position's logits.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator, Sequence
 
-from kvrag.codecs import StatePart, truncated
+from kvrag.codecs import ReadyBuffers, StatePart, truncated
 from kvrag.core.acceptance import Restored
 from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream, TextDecoder
@@ -40,8 +40,11 @@ class Continuer:
 
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout, identity: EngineIdentity,
                  deadline_s: float, prefixes: PrefixRecords | None = None,
-                 whereabouts: Whereabouts | None = None, *, stream_grafts: bool = False) -> None:
+                 whereabouts: Whereabouts | None = None, *, stream_grafts: bool = False,
+                 ready: ReadyBuffers | None = None) -> None:
         self.runner = runner
+        #: whole-block buffers of grafted states, kept for the next question over the same bytes
+        self.ready = ready
         #: grafts begin before their states have arrived (`kvrag.core.streaming`)
         self.stream_grafts = stream_grafts
         self.whereabouts = whereabouts
@@ -189,7 +192,7 @@ class Continuer:
     def _steps(self, c: Continuation) -> Iterator[str]:
         began = time.perf_counter()
         deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
-        run = Prefill(self.runner)
+        run = Prefill(self.runner, self.ready)
         try:
             uses = self._context(run, c, deadline, stream=self.stream_grafts)
             logits = run.text(c.feed)
@@ -201,7 +204,7 @@ class Continuer:
             # context read again, nothing streamed (what a later tier served whole is grafted as it
             # came; otherwise the next tier or the text answers for it)
             found = run.drop_streams(deadline)
-            run = Prefill(self.runner)
+            run = Prefill(self.runner, self.ready)
             uses = self._context(run, c, deadline, stream=False, read=found)
             logits = run.text(c.feed)
         first_logits = logits.clone()
@@ -219,6 +222,7 @@ class Continuer:
             yield from text.push(tokens[-1])
         yield from text.flush()
         decode_s = time.perf_counter() - t
+        run.cache.release()
 
         mode = mode_of(uses, memo=c.memo)
         receipt = Receipt(

@@ -23,7 +23,8 @@ from typing import Any, Iterator, Sequence
 
 from typing_extensions import Unpack
 
-from kvrag.codecs import StatePart
+from kvrag.codecs import ReadyBuffers, StatePart
+from kvrag.codecs.ready import DEFAULT_READY_BYTES
 from kvrag.core.acceptance import Restored, StateAcceptance
 from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream
@@ -79,6 +80,7 @@ class KVEngine:
         layout: LayoutKind | None = None,
         confidential: bool | None = None,
         stream_grafts: bool = False,
+        ready_buffers_bytes: int = DEFAULT_READY_BYTES,
     ) -> None:
         """`signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key),
         an operator's key or a tenant's (`kvrag.trust.tenants`); `allow_unsigned`: also graft unsigned
@@ -93,7 +95,9 @@ class KVEngine:
         (default: whether the store URL says `?confidential=1`; see `kvrag.trust.confidential`);
         `stream_grafts`: a graft begins while its state is still arriving, each layer used once its
         chunks are checked (`kvrag.core.streaming`; off by default: on 2 cores the read and the
-        forward share the CPU and it measured no faster)."""
+        forward share the CPU and it measured no faster); `ready_buffers_bytes`: under the invariant
+        kernel, the most the whole-block K/V buffers of grafted states kept for the next question
+        over the same stored bytes may hold (`kvrag.codecs.ready`; 0: none kept, every graft copies)."""
         self.model = model
         self.store = store if isinstance(store, StateStore) else open_store(store)
         #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
@@ -122,7 +126,8 @@ class KVEngine:
         #: under the invariant kernel, states serve any prompt that begins with their tokens
         self.prefixes = PrefixRecords(self.records, self.identity.scope) if model.attn == INVARIANT else None
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, deadline_s, self.prefixes,
-                                   self.whereabouts, stream_grafts=stream_grafts)
+                                   self.whereabouts, stream_grafts=stream_grafts,
+                                   ready=ReadyBuffers(ready_buffers_bytes) if model.attn == INVARIANT else None)
         self.memo = Memo(self)
         self.gate = BlendGate(self)
 
