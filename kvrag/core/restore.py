@@ -8,6 +8,7 @@ from kvrag.core.acceptance import Restored, StateAcceptance
 from kvrag.core.prefill import Graftable
 from kvrag.core.schedule import Segment
 from kvrag.core.streaming import StreamedTensors, start_stream
+from kvrag.errors import StoreUnavailableError
 from kvrag.stores import Found, StateStore
 from kvrag.stores.deadline import Deadline
 
@@ -38,9 +39,11 @@ class Restorer:
             tensors = StreamedTensors(segment.key, progress, deadline)
             return Graftable(StatePart(manifest.start, manifest.end, manifest.layers, tensors), progress.tier or "",
                              stream=progress)
-        progress.wait(lambda: progress.result is not None, deadline)  # raises the read's own error
-        assert progress.result is not None
-        found = progress.result
+        # The stream failed before its graft began (or the read ended first): what the read goes on
+        # to find whole in a later tier is grafted as it came, else the read's first error is raised.
+        found = progress.ended(deadline)
+        if found is None:
+            raise progress.failure or StoreUnavailableError("the state's read did not end within the question's deadline")
         return Graftable(found.value.part, found.tier, found.notes)
 
     def chain(self, key: str | None, deadline: Deadline | None = None) -> list[Restored]:
