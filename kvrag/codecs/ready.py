@@ -140,7 +140,6 @@ class ReadyBuffers:
         entry = self._entries.pop(key)
         self.bytes_held -= entry.size
 
-    def clear(self) -> None:
-        with self._lock:
-            for key in [k for k, e in self._entries.items() if not e.leased]:
-                self._drop(key)
+    def __len__(self) -> int:
+        """How many buffer sets are kept (leased or not)."""
+        return len(self._entries)

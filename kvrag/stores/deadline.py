@@ -19,7 +19,8 @@ from typing import Callable, TypeVar
 
 from kvrag.errors import StoreUnavailableError
 
-__all__ = ["Deadline", "Breaker", "DEFAULT_DEADLINE_S", "BREAKER_COOLDOWN_S", "BREAKER_PROBE_S", "BREAKER_PROBE_WAIT_S", "bounded", "submit_read"]
+__all__ = ["Deadline", "Breaker", "DEFAULT_DEADLINE_S", "BREAKER_COOLDOWN_S", "BREAKER_PROBE_S", "BREAKER_PROBE_WAIT_S",
+           "bounded", "submit_read"]
 
 T = TypeVar("T")
 

@@ -53,7 +53,7 @@ def test_a_set_is_dropped_with_the_bytes_it_was_copied_from():
     assert pool.bytes_held > 0
     del source, lease
     gc.collect()
-    assert pool.bytes_held == 0 and not pool._entries
+    assert pool.bytes_held == 0 and len(pool) == 0
 
 
 def test_nothing_is_kept_past_the_budget():
@@ -65,3 +65,13 @@ def test_nothing_is_kept_past_the_budget():
     lease.give_back()
     assert pool.bytes_held == 0
     assert ReadyBuffers(0).lease([CheckedBuffer(64)], [(0, 8)]) is None
+
+
+def test_a_set_made_from_a_read_buffer_goes_when_its_question_is_done(tmp_path):
+    engine = KVEngine(tiny("llama"), f"disk://{tmp_path}")  # every read is a new buffer
+    ref = engine.deposit(DOC_A)
+    for question in QUESTIONS[:2]:
+        assert engine.generate(question, states=[ref], max_new_tokens=1, memo=False).receipt.mode == "exact-graft"
+        gc.collect()
+        assert engine.continuer.ready.bytes_held == 0 and len(engine.continuer.ready) == 0
+    assert engine.continuer.ready.reuses == 0
