@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, Mapping
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, PayloadLayout, open_payload
+from kvrag.artifacts.digests import LEGACY_CHUNK_BYTES, CheckedBuffer, PayloadLayout, open_payload
 from kvrag.errors import IntegrityError
 from kvrag.models.fingerprints import HardwareFingerprint, ModelFingerprint
 
@@ -146,7 +146,7 @@ class StateManifest(BaseModel):
     layers: list[LayerEntry] = Field(max_length=MAX_LAYERS)
     payload_sha256: str
     payload_bytes: int = Field(ge=0, le=1 << 40)
-    payload_chunk_bytes: int = Field(default=CHUNK_BYTES, ge=1, le=1 << 30)
+    payload_chunk_bytes: int = Field(default=LEGACY_CHUNK_BYTES, ge=1, le=1 << 30)
     payload_chunks: list[str] = Field(default_factory=list, max_length=1 << 20)
     deposit: DepositReceipt
     #: the prompt layout the segment was cut by (`kvrag.core.prompt`; None: written before layouts were named)

@@ -13,9 +13,10 @@ rows, dropped from its output (a single row differed for two widths).
 The reordered weight is a second copy of each layer's weight (made at load), made again whenever
 the weight changes through torch (its address, version counter or dtype: an in-place update,
 `load_state_dict`, `.to(dtype)`; a write through `.data`, or into a weight made under
-`torch.inference_mode`, which keeps no version counter, is not seen). Off the CPU, or where torch
-has no oneDNN, a layer runs its own forward fed at least `ROW_BLOCK` rows (the previous arithmetic,
-named otherwise in the fingerprint: see `linear_kernel`).
+`torch.inference_mode`, which keeps no version counter, is not seen). Off the CPU, where torch
+has no oneDNN, or where oneDNN has no product for the dtype on this CPU (bfloat16 without AVX512),
+a layer runs its own forward fed at least `ROW_BLOCK` rows (the previous arithmetic, named otherwise
+in the fingerprint: see `linear_kernel`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,15 @@ ROW_BLOCK = 16
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def linear_kernel() -> str:
-    """The linear arithmetic this process uses under the invariant kernel: `onednn` or `stock`."""
-    return "onednn" if torch.backends.mkldnn.is_available() else "stock"
+def linear_kernel(dtype: torch.dtype = torch.float32) -> str:
+    """The linear arithmetic this process uses for `dtype` under the invariant kernel: `onednn`, or
+    `stock` where torch has no oneDNN or oneDNN has no product for the dtype on this CPU (bfloat16
+    needs AVX512 or AVX-NE-CONVERT: on an AVX2-only CPU a bfloat16 model runs the stock product)."""
+    if not torch.backends.mkldnn.is_available() or dtype not in _DTYPES:
+        return "stock"
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "stock"
+    return "onednn"
 
 
 def make_linear_invariant(model: Any) -> Any:
@@ -44,10 +51,10 @@ def make_linear_invariant(model: Any) -> Any:
         return model
     from transformers.pytorch_utils import Conv1D
 
-    onednn = linear_kernel() == "onednn"
     for module in model.modules():
         if isinstance(module, (torch.nn.Linear, Conv1D)):
             stock = module.forward
+            onednn = linear_kernel(module.weight.dtype) == "onednn"
             forward = _OneDnn(module, transposed=isinstance(module, Conv1D), stock=stock) if onednn else stock
             if onednn:
                 forward.prepare()  # now, not in the first answer's time to first token
@@ -80,12 +87,12 @@ class _OneDnn:
 
     def prepare(self) -> None:
         weight = self.module.weight
-        if weight.device.type == "cpu" and weight.dtype in _DTYPES and not weight.is_meta:
+        if weight.device.type == "cpu" and linear_kernel(weight.dtype) == "onednn" and not weight.is_meta:
             self._reordered(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.module.weight, self.module.bias
-        if x.device.type != "cpu" or x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        if x.device.type != "cpu" or weight.dtype != x.dtype or linear_kernel(x.dtype) != "onednn":
             return self.stock(x)
         packed = self._reordered(weight)
         flat = x.reshape(-1, x.shape[-1])

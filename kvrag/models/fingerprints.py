@@ -126,18 +126,18 @@ def model_fingerprint(model: Fingerprinted) -> ModelFingerprint:
         tokenizer_sha256=_sha256_json(tokenizer_desc),
         chat_template_sha256=hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest(),
         dtype=str(model.dtype).removeprefix("torch."),
-        attn_implementation=_kernel_name(model.attn),
+        attn_implementation=_kernel_name(model.attn, model.dtype),
         rope=_rope_settings(model),
         transformers_version=transformers.__version__,
     )
 
 
-def _kernel_name(attn: str) -> str:
+def _kernel_name(attn: str, dtype: torch.dtype) -> str:
     """The invariant kernel's current arithmetic (torch's flash attention on whole 512-key blocks,
     linear layers by oneDNN fed >= 16 rows): states of the earlier ones carry other bits, never found."""
     if attn != INVARIANT:
         return attn
-    return "invariant/3" if linear_kernel() == "onednn" else "invariant/2"
+    return "invariant/3" if linear_kernel(dtype) == "onednn" else "invariant/2"
 
 
 @lru_cache(maxsize=None)
