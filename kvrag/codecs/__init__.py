@@ -125,8 +125,12 @@ class GraftCache(DynamicCache):
         keys, values = self._buffers.get(layer_idx, (None, None))
         if not (held and _leads(layer.keys, keys) and _leads(layer.values, values) and held + added <= keys.shape[-2]):
             rows = -(-(held + added) // KEY_BLOCK) * KEY_BLOCK  # whole blocks; a later block is a new buffer
-            keys = key_value_buffer(key_states, rows, written=held + added)
-            values = key_value_buffer(value_states, rows, written=held + added)
+            spare = self._lease.spare(key_states, rows) if held and self._lease is not None else None
+            if spare is not None:  # memory a gone state's buffers left: no fresh pages (rows past ours finite)
+                keys, values = spare
+            else:
+                keys = key_value_buffer(key_states, rows, written=held + added)
+                values = key_value_buffer(value_states, rows, written=held + added)
             if held:
                 keys[:, :, :held], values[:, :, :held] = layer.keys, layer.values
             self._buffers[layer_idx] = keys, values

@@ -11,8 +11,14 @@ rows after them are the question's scratch (finite, and masked for every row tha
 A buffer set is *leased* to one cache at a time (a second question at once makes its own copy, as
 before) and returned when that cache is done. It is kept only while its source bytes are: an
 entry holds a weak reference to a source that allows one (a read's buffer: gone with its
-question, so a Redis read is never kept here), else the source itself (bytes the memory tier
-holds), and the whole is bounded by `max_bytes`, least recently used first out.
+question), else the source itself (bytes the memory tier holds), and the whole is bounded by
+`max_bytes`, least recently used first out.
+
+When a source goes (a Redis or disk read, once its question is done), its set, no longer leased,
+becomes *spare*: the next graft of a like shape copies its state into a spare buffer instead of
+fresh memory, which the kernel would fault in and zero page by page (on this project's VMs as
+costly as the copy itself). A spare's rows past what a graft writes hold an earlier question's
+K/V: finite, and masked for every row, as the kernel requires of a buffer's rows past its view.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class _Entry:
                 self.refs.append(lambda source=source: source)
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.leased = False
+        #: its source went while it was leased: spare once given back
+        self.orphaned = False
         self.size = sum(len(source) for source in self.held)
 
     def alive(self, sources: Sequence[Any]) -> bool:
@@ -64,6 +72,11 @@ class Lease:
         if not self.returned:
             self.pool._keep(self, layer_idx, keys, values)
 
+    def spare(self, like: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A spare K/V buffer pair shaped like `like` ([b, h, n, d]) with at least `rows` positions
+        (and fewer than twice as many), taken out of the pool, or None."""
+        return None if self.returned else self.pool._take_spare(like, rows)
+
     def give_back(self) -> None:
         if not self.returned:
             self.returned = True
@@ -76,9 +89,13 @@ class ReadyBuffers:
     def __init__(self, max_bytes: int = DEFAULT_READY_BYTES) -> None:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        #: buffer pairs of sets whose source went, oldest first
+        self._spares: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._lock = threading.Lock()
         self.bytes_held = 0
         self.reuses = 0
+        #: grafts that copied into a spare buffer instead of fresh memory
+        self.spares_taken = 0
 
     def lease(self, sources: Sequence[Any], spans: Sequence[tuple[int, int]]) -> Lease | None:
         """The buffer set for the parts read from `sources` (one per part, spanning `spans`), leased
@@ -108,6 +125,9 @@ class ReadyBuffers:
 
     def _keep(self, lease: Lease, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         with self._lock:
+            if lease.entry.orphaned:  # its source went meanwhile (a chain's parts, joined at install)
+                lease.entry.layers[layer_idx] = (keys, values)  # spare once given back
+                return
             if self._entries.get(lease.key) is not lease.entry:
                 return
             before = lease.entry.layers.get(layer_idx)
@@ -120,9 +140,32 @@ class ReadyBuffers:
     def _give_back(self, lease: Lease) -> None:
         with self._lock:
             lease.entry.leased = False
+            if lease.entry.orphaned:
+                self._spare(lease.entry)
             self._bound()
 
+    def _take_spare(self, like: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        with self._lock:
+            for index, (keys, values) in enumerate(self._spares):
+                if (keys.shape[:-2] == like.shape[:-2] and keys.shape[-1] == like.shape[-1] and keys.dtype == like.dtype
+                        and keys.device == like.device and rows <= keys.shape[-2] < 2 * rows):
+                    del self._spares[index]
+                    self.bytes_held -= keys.nbytes + values.nbytes
+                    self.spares_taken += 1
+                    return keys, values
+        return None
+
+    def _spare(self, entry: _Entry) -> None:
+        """An entry whose source went and no cache holds: its buffers kept as spares (within the bound)."""
+        for keys, values in entry.layers.values():
+            self._spares.append((keys, values))
+            self.bytes_held += keys.nbytes + values.nbytes
+        entry.layers = {}
+
     def _bound(self, keep: tuple[Any, ...] | None = None) -> None:
+        while self._spares and self.bytes_held > self.max_bytes:
+            keys, values = self._spares.pop(0)
+            self.bytes_held -= keys.nbytes + values.nbytes
         for key in [k for k in self._entries if k != keep]:
             if self.bytes_held <= self.max_bytes:
                 break
@@ -132,9 +175,15 @@ class ReadyBuffers:
             self._drop(keep)
 
     def _forget(self, key: tuple[Any, ...], entry: _Entry) -> None:
+        """`entry`'s source went: its buffers become spares (once no cache holds them)."""
         with self._lock:
             if self._entries.get(key) is entry:
                 self._drop(key)
+                if entry.leased:
+                    entry.orphaned = True
+                else:
+                    self._spare(entry)
+                self._bound()
 
     def _drop(self, key: tuple[Any, ...]) -> None:
         entry = self._entries.pop(key)

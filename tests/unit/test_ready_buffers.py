@@ -53,7 +53,43 @@ def test_a_set_is_dropped_with_the_bytes_it_was_copied_from():
     assert pool.bytes_held > 0
     del source, lease
     gc.collect()
-    assert pool.bytes_held == 0 and len(pool) == 0
+    assert len(pool) == 0  # the set is gone; its buffers are spares, for any like-shaped graft
+    assert pool.bytes_held == 2 * torch.zeros(1, 1, 512, 4).nbytes
+    other = pool.lease([CheckedBuffer(64)], [(0, 8)])
+    assert other.spare(torch.zeros(1, 1, 9, 5), 512) is None  # another shape
+    assert other.spare(torch.zeros(1, 1, 9, 4), 1024) is None  # too few rows
+    assert other.spare(torch.zeros(1, 1, 9, 4), 512) is not None
+    assert pool.bytes_held == 0 and pool.spares_taken == 1
+
+
+def test_a_set_whose_source_goes_while_leased_is_spare_only_once_given_back():
+    import torch
+
+    pool = ReadyBuffers(1 << 20)
+    source = CheckedBuffer(64)
+    lease = pool.lease([source], [(0, 8)])
+    lease.keep(0, torch.zeros(1, 1, 512, 4), torch.zeros(1, 1, 512, 4))
+    del source
+    gc.collect()
+    other = pool.lease([CheckedBuffer(64)], [(0, 8)])
+    assert other.spare(torch.zeros(1, 1, 9, 4), 512) is None  # still the first cache's
+    lease.give_back()
+    assert other.spare(torch.zeros(1, 1, 9, 4), 512) is not None
+
+
+def test_grafts_read_from_disk_copy_into_spares_with_the_bits_of_the_text(tmp_path):
+    model = tiny("llama")
+    engine = KVEngine(model, f"disk://{tmp_path}")
+    plain = KVEngine(model, MemoryStore(), ready_buffers_bytes=0)
+    refs = engine.deposit_chain([DOC_A, DOC_B])
+    for question in QUESTIONS:  # each a fresh read: its buffers gone with it, spare for the next
+        grafted = engine.generate(question, states=refs, max_new_tokens=3, memo=False)
+        gc.collect()
+        text = plain.generate(question, states=[DOC_A, DOC_B], max_new_tokens=3, memo=False, graft=False)
+        assert grafted.receipt.mode == "exact-graft"
+        assert grafted.receipt.first_token_logits_sha256 == text.receipt.first_token_logits_sha256
+        assert grafted.tokens == text.tokens
+    assert engine.continuer.ready.spares_taken >= len(QUESTIONS) - 1
 
 
 def test_nothing_is_kept_past_the_budget():
@@ -73,5 +109,5 @@ def test_a_set_made_from_a_read_buffer_goes_when_its_question_is_done(tmp_path):
     for question in QUESTIONS[:2]:
         assert engine.generate(question, states=[ref], max_new_tokens=1, memo=False).receipt.mode == "exact-graft"
         gc.collect()
-        assert engine.continuer.ready.bytes_held == 0 and len(engine.continuer.ready) == 0
+        assert len(engine.continuer.ready) == 0  # its buffers are spares, never its set
     assert engine.continuer.ready.reuses == 0
