@@ -79,13 +79,33 @@ def main() -> None:
             row.pop("prompts")
     Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json_path, "w") as f:
-        json.dump({"model": MODEL, "repeat": args.repeat, "threads": _threads(), "results": results}, f, indent=2)
+        json.dump({"model": MODEL, "repeat": args.repeat, "threads": _threads(), "cpu": _cpu(), "results": results}, f,
+                  indent=2)
 
 
 def _threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def _cpu() -> dict:
+    """What the figures depend on most: the CPU's vector extensions (vLLM's and oneDNN's fast paths
+    need AVX512; torch's capability says which kernels it picked)."""
+    import torch
+
+    flags: set[str] = set()
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {"model": model, "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "extensions": sorted(f for f in flags if f.startswith(("avx", "amx")))}
 
 
 def measure_kvrag(dtype: str, sizes: list[int], questions: list[str]) -> list[dict]:
@@ -190,7 +210,9 @@ def vllm_worker(spec_path: str, out_path: str) -> None:
 
 
 def print_table(dtype: str, rows: list[dict], repeat: int) -> None:
-    print(f"\nTTFT, {MODEL}, {dtype}, CPU, median of {repeat} calls per arm, one run\n")
+    cpu = _cpu()
+    print(f"\nTTFT, {MODEL}, {dtype}, CPU ({cpu['model']}, {' '.join(cpu['extensions'])}), median of {repeat} calls "
+          "per arm, one run\n")
     print("| prompt tokens | vLLM cold | vLLM warm (prefix hit) | kvrag text | kvrag graft, memory | vs vLLM warm "
           "| kvrag graft, Redis (other process) | vs vLLM warm |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

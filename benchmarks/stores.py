@@ -2,7 +2,7 @@
 
 Part 1 stores a 64 MiB and a 256 MiB payload in each tier (memory, warm disk, one Redis server
 and a 3-master Redis Cluster on loopback, both started here and stopped after) and times a
-verified restore with each per-read check: SHA-256 of every 8 MiB chunk (states written before
+verified restore with each per-read check: SHA-256 of every chunk (`CHUNK_BYTES`; states written before
 keyed tags), the keyed BLAKE3 tag every state carries now, and AES-256-GCM (confidential states:
 the check also decrypts; the memory tier checks bytes it holds once, so its first reads and its
 reads again are two rows). Beside them, the same bytes with no check at all, and for Redis a
@@ -189,7 +189,7 @@ def main() -> None:
         server.stop()
         cluster.stop()
 
-    print("\nVerified restore throughput by per-read check (8 MiB chunks), GiB/s, median of", args.repeat)
+    print(f"\nVerified restore throughput by per-read check ({CHUNK_BYTES:,}-byte chunks), GiB/s, median of", args.repeat)
     checks = [*CHECKS, "plain GET loop"]
     for mib in (64, 256):
         print(f"\n{mib} MiB state\n\n| tier | " + " | ".join(checks) + " |\n|---|" + "---:|" * len(checks))

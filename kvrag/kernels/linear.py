@@ -21,6 +21,7 @@ in the fingerprint: see `linear_kernel`).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ ROW_BLOCK = 16
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
+@lru_cache(maxsize=None)
 def linear_kernel(dtype: torch.dtype = torch.float32) -> str:
     """The linear arithmetic this process uses for `dtype` under the invariant kernel: `onednn`, or
     `stock` where torch has no oneDNN or oneDNN has no product for the dtype on this CPU (bfloat16
