@@ -60,7 +60,7 @@ class WarmPages:
     def map(self, cls: type, size: int) -> Any:
         """A new `cls` (an `mmap.mmap` subclass) of `size` writable bytes over a free region of the
         pool, or None where the pool cannot serve it (too small, over the budget, no memfd here)."""
-        if size < MIN_WARM_BYTES or size > self.budget or not hasattr(os, "memfd_create"):
+        if size < MIN_WARM_BYTES or not hasattr(os, "memfd_create"):
             return None
         with self._lock:
             region = self._take(size)
@@ -114,12 +114,6 @@ class WarmPages:
 
     def __len__(self) -> int:
         return len(self._regions)
-
-    def clear(self) -> None:
-        """Close every free region (buffers in use keep theirs until they die)."""
-        with self._lock:
-            for region in [r for r in self._regions if r.free]:
-                self._close(region)
 
 
 _WARM = WarmPages()
