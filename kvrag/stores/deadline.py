@@ -80,7 +80,12 @@ class Breaker:
             return True
         self.next_probe = now + self.probe_interval_s
         done = threading.Event()
-        threading.Thread(target=self._run_probe, args=(done,), name="kvrag-breaker-probe", daemon=True).start()
+        try:
+            threading.Thread(target=self._run_probe, args=(done,), name="kvrag-breaker-probe", daemon=True).start()
+        except RuntimeError as e:  # no thread to be had now: still open, and the next interval probes again
+            self.probe_failure = f"the probe could not start: {e}"
+            self._probing.release()
+            return True
         done.wait(self.probe_wait_s)
         return time.monotonic() < self.open_until
 

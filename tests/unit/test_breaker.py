@@ -52,3 +52,17 @@ def test_without_a_probe_it_stays_open_for_the_cool_down():
     assert breaker.is_open
     time.sleep(0.06)
     assert not breaker.is_open
+
+
+def test_a_probe_that_cannot_start_keeps_it_open_and_the_next_look_probes_again(monkeypatch):
+    breaker = Breaker(cooldown_s=30, probe=lambda: True, probe_interval_s=0.0)
+    breaker.trip("refused")
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", no_thread)
+        assert breaker.is_open  # no crash: the caller skips the tier as before
+        assert "could not start" in breaker.probe_failure
+    assert not breaker.is_open  # the probe's lock was released: this look probes, and it passes
