@@ -6,23 +6,18 @@
     >>> answer = engine.generate("Who built the lighthouse?", states=[ref])
     >>> answer.text, answer.receipt.mode                              # doctest: +SKIP
     ('Mara Quill built it.', 'exact-graft')
+
+Names are imported when first used, so `import kvrag` (and `kvrag --help`) does not load torch.
+Importing `kvrag.kernels` (which `load_model` does) registers the `invariant` attention kernel with
+transformers.
 """
 
-from kvrag.apps import VerifyReport, verify_model
-from kvrag.artifacts import StateManifest
-from kvrag.core import (
-    Continuation,
-    Engine,
-    Generation,
-    GenerationStream,
-    Message,
-    Receipt,
-    Segment,
-    StateRef,
-    StateUse,
-    Timings,
-)
-from kvrag.engine import KVEngine
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from kvrag.version import VERSION
 from kvrag.errors import (
     ContextTooLongError,
     EmptyTextError,
@@ -38,16 +33,58 @@ from kvrag.errors import (
     StoreUnavailableError,
     VerificationError,
 )
-from kvrag.kernels import register as _register_invariant
-from kvrag.models import HardwareFingerprint, LoadedModel, ModelFingerprint, hardware_fingerprint, load_model
-from kvrag.reuse import Provenance
-from kvrag.stores import BlobStore, DiskStore, MemoryStore, RedisStore, StateStore, TieredStore, open_store
-from kvrag.trust import EngineIdentity
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from kvrag.apps import VerifyReport, verify_model
+    from kvrag.artifacts import StateManifest
+    from kvrag.core import (
+        Continuation,
+        Engine,
+        Generation,
+        GenerationStream,
+        Message,
+        Receipt,
+        Segment,
+        StateRef,
+        StateUse,
+        Timings,
+    )
+    from kvrag.engine import KVEngine
+    from kvrag.models import HardwareFingerprint, LoadedModel, ModelFingerprint, hardware_fingerprint, load_model
+    from kvrag.reuse import Provenance
+    from kvrag.stores import BlobStore, DiskStore, MemoryStore, RedisStore, StateStore, TieredStore, open_store
+    from kvrag.trust import EngineIdentity
 
-# `attn_implementation="invariant"` works in stock transformers code once kvrag is imported.
-_register_invariant()
+
+__version__ = VERSION
+
+#: where each lazily imported name lives
+_LAZY = {
+    "kvrag.apps": ["VerifyReport", "verify_model"],
+    "kvrag.artifacts": ["StateManifest"],
+    "kvrag.core": ["Continuation", "Engine", "Generation", "GenerationStream", "Message", "Receipt", "Segment",
+                   "StateRef", "StateUse", "Timings"],
+    "kvrag.engine": ["KVEngine"],
+    "kvrag.models": ["HardwareFingerprint", "LoadedModel", "ModelFingerprint", "hardware_fingerprint", "load_model"],
+    "kvrag.reuse": ["Provenance"],
+    "kvrag.stores": ["BlobStore", "DiskStore", "MemoryStore", "RedisStore", "StateStore", "TieredStore", "open_store"],
+    "kvrag.trust": ["EngineIdentity"],
+}
+_WHERE = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvrag' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = [
     "load_model",

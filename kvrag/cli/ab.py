@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.table import Table
 
-from kvrag.cli.common import ATTN, DTYPE, LAYOUT, MODEL, STORE, engine_for, err, fail, out, progress
+from kvrag.cli.common import (
+    ATTN,
+    DEADLINE,
+    DTYPE,
+    JSON,
+    LAYOUT,
+    MODEL,
+    NAMESPACE,
+    SIGNING_KEY_FILE,
+    STORE,
+    THREADS,
+    Attn,
+    Dtype,
+    Layout,
+    Trust,
+    engine_for,
+    err,
+    fail,
+    out,
+    progress,
+)
 from kvrag.errors import KVRagError
 
 __all__ = ["register"]
@@ -15,7 +35,7 @@ __all__ = ["register"]
 
 def register(app: typer.Typer) -> None:
     app.command(epilog="Example: kvrag ab --docs docs.jsonl --questions questions.jsonl --k 3 --policy lazy "
-                       "--order stored-first --json ab.json --report ab-report")(ab)
+                       "--order stored-first --out ab.json --report ab-report")(ab)
     app.command(epilog="Example: kvrag calibrate --model smollm2-135m --ratio 0.15 --samples 8")(calibrate)
 
 
@@ -24,22 +44,27 @@ def ab(
     questions: Optional[str] = typer.Option(None, help='QUESTIONS.jsonl, lines {"id", "question", "answers": [...]} (+ "doc_id", "recurring")'),
     model: str = MODEL,
     store: Optional[str] = STORE,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
-    layout: Optional[str] = LAYOUT,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
+    layout: Optional[Layout] = LAYOUT,
     k: int = typer.Option(1, min=1, help="documents retrieved per question"),
-    max_new_tokens: int = typer.Option(32, min=1),
-    policy: str = typer.Option("lazy", help="lazy: documents deposited once, chains as questions form them; "
+    max_tokens: int = typer.Option(32, "--max-tokens", min=1, help="the most tokens an answer may have"),
+    policy: Literal["lazy", "warm"] = typer.Option("lazy", help="lazy: documents deposited once, chains as questions form them; "
                                             "warm: each question's whole chain deposited right before it"),
-    order: str = typer.Option("retrieval", help="retrieval, or stored-first: the longest stored chain first (both arms)"),
+    order: Literal["retrieval", "stored-first"] = typer.Option("retrieval", help="retrieval, or stored-first: the longest stored chain first (both arms)"),
     corpus_chain: bool = typer.Option(False, "--corpus-chain", help="the whole corpus as one chain, read by every question"),
     warm_chains: bool = typer.Option(False, "--warm-chains", help="deposit co-retrieved chains after answers"),
     blend: Optional[float] = typer.Option(None, "--blend", min=0.01, max=1.0, help="approximate: blend documents whose "
                                           "chain state is missing, recomputing this share of their tokens (gated)"),
-    json_path: Optional[str] = typer.Option(None, "--json", help="write the summary and rows to this file"),
+    out_path: Optional[str] = typer.Option(None, "--out", help="write the summary and rows to this JSON file"),
     report: Optional[str] = typer.Option(None, help="write report.md and PNG plots into this folder"),
     stock: Optional[bool] = typer.Option(None, "--stock/--no-stock", help="also run the stock completion arm: a plain "
                                          "completion prompt and model.generate (default: for base models)"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
 ) -> None:
     """Compare text RAG and KV RAG on the same retrieval, prompt and decoding."""
     from kvrag.apps.ab import load_jsonl, run_ab, summary_rows, write_report
@@ -49,20 +74,23 @@ def ab(
     try:
         doc_rows = load_jsonl(docs or default_docs, ["id", "title", "text"])
         question_rows = load_jsonl(questions or default_questions, ["id", "question", "answers"])
-        engine = engine_for(model, store, dtype, attn, layout)
-        with progress() as bar:
+        engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
+        with progress(as_json) as bar:
             task = bar.add_task("A/B", total=len(question_rows))
-            summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_new_tokens,
-                             policy=policy, order=order, corpus_chain=corpus_chain,  # type: ignore[arg-type]
+            summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_tokens,
+                             policy=policy, order=order, corpus_chain=corpus_chain,
                              warm_chains=warm_chains, blend=blend, stock=stock, progress=lambda done, _n: bar.update(task, completed=done))
         if report:
             path = write_report(summary, report)
             err.print(f"report: {path}")
     except KVRagError as e:
         fail(e)
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
+    if out_path:
+        with open(out_path, "w", encoding="utf-8") as f:
             f.write(summary.model_dump_json(indent=2))
+    if as_json:
+        print(summary.model_dump_json(indent=2))
+        return
     levers = f", {', '.join(summary.levers)}" if summary.levers else ""
     table = Table(title=f"kvrag ab: {summary.model}, k={summary.k}, {summary.n} questions, policy {summary.policy}{levers}")
     table.add_column("figure")
@@ -75,13 +103,18 @@ def ab(
 def calibrate(
     model: str = MODEL,
     store: Optional[str] = STORE,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
     ratio: float = typer.Option(0.15, min=0.01, max=1.0, help="share of a moved document's tokens recomputed"),
     samples: int = typer.Option(8, min=1, help="two-document prompts measured"),
     docs: Optional[str] = typer.Option(None, help='DOCS.jsonl, lines {"id", "text"} (default: the bundled sample set)'),
     max_kl: float = typer.Option(0.1, help="the most mean first-token KL (nats) the gate lets through (0.1 at most)"),
-    min_agreement: float = typer.Option(0.8, help="the least first-token argmax agreement the gate lets through (0.8 at least)"),
+    min_agreement: float = typer.Option(0.8, help="the least first-token argmax agreement the gate lets through "
+                                        "(0.8 at least)"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Measure blending against the exact path for this model and store the gate's verdict."""
@@ -89,8 +122,8 @@ def calibrate(
 
     try:
         texts = [str(d["text"]) for d in load_jsonl(docs, ["id", "text"])] if docs else None
-        engine = engine_for(model, store, dtype, attn)
-        with progress() as bar:
+        engine = engine_for(model, store, dtype, attn, None, Trust(namespace, signing_key_file, deadline, threads))
+        with progress(as_json) as bar:
             bar.add_task(f"calibrating blend {ratio:.2f} on {samples} prompts", total=None)
             result = engine.gate.calibrate(texts, ratio=ratio, samples=samples, max_mean_kl=max_kl,
                                            min_agreement=min_agreement)

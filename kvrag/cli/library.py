@@ -7,7 +7,25 @@ from typing import Optional
 
 import typer
 
-from kvrag.cli.common import ATTN, DTYPE, MODEL, STORE, engine_for, err, fail, out, progress
+from kvrag.cli.common import (
+    ATTN,
+    DEADLINE,
+    DTYPE,
+    JSON,
+    MODEL,
+    NAMESPACE,
+    SIGNING_KEY_FILE,
+    STORE,
+    THREADS,
+    Attn,
+    Dtype,
+    Trust,
+    engine_for,
+    err,
+    fail,
+    out,
+    progress,
+)
 from kvrag.errors import KVRagError
 
 __all__ = ["library_app"]
@@ -24,10 +42,14 @@ def library_add(
     file: str = typer.Argument(..., help='JSONL lines {"id", "problem", "solution", "answer"}'),
     model: str = MODEL,
     store: Optional[str] = STORE,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
     verifier: Optional[str] = typer.Option(None, help="module:function(problem, solution, answer) -> bool (default: the solution ends in its answer)"),
-    as_json: bool = typer.Option(False, "--json"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
 ) -> None:
     """Verify solutions and deposit the verified ones as states (and memo entries)."""
     from kvrag.apps.ab import load_jsonl
@@ -35,8 +57,8 @@ def library_add(
 
     try:
         items = load_jsonl(file, ["id", "problem", "solution", "answer"])
-        library = Library(engine_for(model, store, dtype, attn))
-        with progress() as bar:
+        library = Library(engine_for(model, store, dtype, attn, None, Trust(namespace, signing_key_file, deadline, threads)))
+        with progress(as_json) as bar:
             task = bar.add_task("library add", total=len(items))
             result = library.add(items, verifier, progress=lambda done: bar.update(task, completed=done))
     except KVRagError as e:
@@ -53,16 +75,20 @@ def library_solve(
     problem: str = typer.Argument(...),
     model: str = MODEL,
     store: Optional[str] = STORE,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
     k: int = typer.Option(2, min=1, help="closest verified solutions to graft for a new problem"),
-    as_json: bool = typer.Option(False, "--json"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
 ) -> None:
     """Answer a problem: a recurring one from its memo entry, a new one with the closest solutions grafted."""
     from kvrag.apps.library import Library
 
     try:
-        generation, used = Library(engine_for(model, store, dtype, attn)).solve(problem, k=k)
+        generation, used = Library(engine_for(model, store, dtype, attn, None, Trust(namespace, signing_key_file, deadline, threads))).solve(problem, k=k)
     except KVRagError as e:
         fail(e)
     if as_json:

@@ -10,34 +10,76 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvrag.cli.ab import register as register_ab
-from kvrag.cli.common import ATTN, DTYPE, LAYOUT, MODEL, STORE, engine_for, err, fail, out, progress, read_text
+from kvrag.cli.common import (
+    ATTN,
+    DEADLINE,
+    DTYPE,
+    JSON,
+    LAYOUT,
+    MAX_TOKENS,
+    MODEL,
+    NAMESPACE,
+    SIGNING_KEY_FILE,
+    STORE,
+    THREADS,
+    Attn,
+    Dtype,
+    Layout,
+    Trust,
+    engine_for,
+    err,
+    fail,
+    out,
+    progress,
+    read_text,
+    show_warnings,
+)
 from kvrag.cli.library import library_app
 from kvrag.cli.serve import register as register_serve
 from kvrag.errors import KVRagError
 
 app = typer.Typer(
     help="kvrag: deposit a model's KV states once, graft them byte-exact, fall back to text.",
+    epilog="Example: kvrag deposit notes.txt && kvrag ask 'Who built the lighthouse?' --doc notes.txt",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from kvrag.version import VERSION
+
+        print(f"kvrag {VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print kvrag's version and exit"),
+) -> None:
+    """kvrag: deposit a model's KV states once, graft them byte-exact, fall back to text."""
+    show_warnings()
+
+
 @app.command(epilog="Example: kvrag verify --model tiny-random-gemma3 --dtype bfloat16 --attn eager --samples 50 --json")
 def verify(
     model: str = MODEL,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
     samples: int = typer.Option(50, min=1, help="(document, question) pairs from the bundled text"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
 ) -> None:
     """Check that grafted states give byte-identical logits to a fresh computation."""
     from kvrag.apps.verify import verify_model
     from kvrag.models.loading import load_model
 
     try:
+        Trust(threads=threads).apply_threads()
         loaded = load_model(model, dtype=dtype, attn=attn)
-        with progress() as bar:
+        with progress(as_json) as bar:
             task = bar.add_task(f"verify {model} {dtype} {attn}", total=samples)
             report = verify_model(loaded, samples=samples, progress=lambda done, _n: bar.update(task, completed=done))
     except KVRagError as e:
@@ -65,16 +107,21 @@ def verify(
 def demo(
     model: str = MODEL,
     store: Optional[str] = STORE,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
     questions: int = typer.Option(6, min=1, help="how many bundled questions to ask"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
 ) -> None:
     """Deposit the bundled documents, then answer questions by graft and by text, side by side."""
     from kvrag.apps.demo import run_demo
 
     try:
         with err.status(f"loading {model}") as status:
-            rows = run_demo(engine_for(model, store, dtype, attn), questions=questions, on_step=lambda m: status.update(m))
+            engine = engine_for(model, store, dtype, attn, None, Trust(namespace, signing_key_file, deadline, threads))
+            rows = run_demo(engine, questions=questions, on_step=lambda m: status.update(m))
     except KVRagError as e:
         fail(e)
     table = Table(title=f"kvrag demo: {model}, graft vs text re-prefill of the same tokens", show_lines=True)
@@ -102,24 +149,36 @@ def deposit(
     files: list[str] = typer.Argument(..., help="text files; '-' reads standard input"),
     model: str = MODEL,
     store: Optional[str] = STORE,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
-    layout: Optional[str] = LAYOUT,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
+    layout: Optional[Layout] = LAYOUT,
     chain: bool = typer.Option(False, help="deposit the files as one chain, in order"),
-    as_json: bool = typer.Option(False, "--json"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
 ) -> None:
     """Deposit documents as verified states and print their refs."""
     try:
         texts = [read_text(f) for f in files]
-        engine = engine_for(model, store, dtype, attn, layout)
-        refs = engine.deposit_chain(texts) if chain else [engine.deposit(t) for t in texts]
+        engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
+        if chain:
+            refs = engine.deposit_chain(texts)
+        else:
+            refs = []
+            with progress(as_json or len(texts) < 2) as bar:
+                task = bar.add_task("deposit", total=len(texts))
+                for text in texts:
+                    refs.append(engine.deposit(text))
+                    bar.advance(task)
     except KVRagError as e:
         fail(e)
     if as_json:
         print(json.dumps([r.model_dump() for r in refs], indent=2))
     else:
         for f, r in zip(files, refs):
-            out.print(f"{r.key}  {r.token_count:>6} tokens at {r.start}  {f}")
+            out.print(f"{r.key}  {r.token_count:>6} tokens at {r.start}  {f}", soft_wrap=True, highlight=False)
 
 
 @app.command(epilog="Example: kvrag ask 'Who built the lighthouse?' --doc lighthouse.txt --json")
@@ -128,17 +187,24 @@ def ask(
     doc: list[str] = typer.Option([], "--doc", help="document files, in prompt order"),
     model: str = MODEL,
     store: Optional[str] = STORE,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
-    layout: Optional[str] = LAYOUT,
-    max_new_tokens: int = typer.Option(64, min=1),
-    as_json: bool = typer.Option(False, "--json"),
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
+    layout: Optional[Layout] = LAYOUT,
+    max_tokens: int = MAX_TOKENS,
+    deposit: bool = typer.Option(True, "--deposit/--no-deposit", help="deposit what was read as text after answering, "
+                                 "so the next question over these documents grafts them (as the adapters and the "
+                                 "server do)"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
 ) -> None:
     """Answer a question after the given documents, grafting their stored states where possible."""
     try:
         texts = [read_text(f) for f in doc]
-        engine = engine_for(model, store, dtype, attn, layout)
-        generation = engine.generate(question, states=texts, max_new_tokens=max_new_tokens)
+        engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
+        generation = engine.generate(question, states=texts, max_new_tokens=max_tokens, deposit_missing=deposit)
     except KVRagError as e:
         fail(e)
     if as_json:
@@ -147,7 +213,7 @@ def ask(
         r = generation.receipt
         out.print(generation.text)
         err.print(f"[dim]{r.mode}, {r.tokens_reused} tokens reused, {r.tokens_prefilled} prefilled, "
-                  f"TTFT {r.timings.ttft_ms:.0f} ms, logits {r.first_token_logits_sha256[:16]}[/]")
+                  f"TTFT {r.timings.ttft_ms:.0f} ms, logits {r.first_token_logits_sha256[:16]}[/]", soft_wrap=True)
 
 
 @app.command(epilog="Example: kvrag explain --doc lighthouse.txt --doc keeper.txt --model gemma3-270m --attn sdpa --json")
@@ -155,19 +221,24 @@ def explain(
     doc: list[str] = typer.Option(..., "--doc", help="document files, in prompt order (as given to ask)"),
     model: str = MODEL,
     store: Optional[str] = STORE,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
-    layout: Optional[str] = LAYOUT,
-    as_json: bool = typer.Option(False, "--json"),
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
+    layout: Optional[Layout] = LAYOUT,
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
 ) -> None:
     """Why would these documents not graft? For each one: whether this engine finds its state, and
     if not, what is stored for the same text under other settings (model, dtype, kernel, thread
     count, layout, position) and which fields differ. Only states signed with your key are read."""
+    from kvrag.core.whereabouts import foreign_sentence
     from kvrag.errors import StateError
 
     try:
         texts = [read_text(f) for f in doc]
-        engine = engine_for(model, store, dtype, attn, layout)
+        engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
         rows = []
         for path, segment in zip(doc, engine.plan(texts)):
             try:
@@ -176,9 +247,10 @@ def explain(
             except StateError as e:
                 verdict, reason = "reads text", f"{e.reason}: {e}"
             seen = [] if verdict == "grafts" else engine.whereabouts.sightings(segment)
+            others = engine.whereabouts.other_keys(segment) if verdict != "grafts" and not seen else 0
             rows.append({"doc": path, "key": segment.key, "start": segment.start, "tokens": len(segment.ids),
                          "layout": segment.layout, "verdict": verdict, "reason": reason,
-                         "elsewhere": [s.model_dump() for s in seen]})
+                         "elsewhere": [s.model_dump() for s in seen], "other_keys": others})
     except KVRagError as e:
         fail(e)
     if as_json:
@@ -197,9 +269,11 @@ def explain(
                       f"{s['layout'] or '?'})", soft_wrap=True)
             for d in s["differences"]:
                 out.print(f"    {d['field']}: {escape(d['stored'])} stored, {escape(d['needed'])} here", soft_wrap=True)
-        if row["reason"] and not row["elsewhere"]:
-            out.print("  nothing stored for this text under other settings signed with your key "
-                      "(another namespace's states are not visible)", soft_wrap=True)
+        if row["other_keys"]:
+            out.print(f"  {foreign_sentence(row['other_keys'])}", soft_wrap=True)
+        elif row["reason"] and not row["elsewhere"]:
+            out.print("  nothing stored for this text, under your key or (as far as the store says) any other",
+                      soft_wrap=True)
 
 
 @app.command("tenant-key", epilog="Example: KVRAG_SIGNING_KEY=... kvrag tenant-key acme > acme.key   (hand acme.key to acme)")
@@ -221,7 +295,7 @@ def tenant_key(
 @app.command("ls", epilog="Example: kvrag ls --store redis://127.0.0.1:6379/0,disk://./states --json")
 def ls_states(
     store: Optional[str] = STORE,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JSON,
 ) -> None:
     """List the states in a store, tier by tier, and the blend gates' verdicts."""
     from kvrag.apps.maintenance import list_gates, list_states
@@ -258,7 +332,7 @@ def ls_states(
 def inspect(
     key: str = typer.Argument(..., help="a state key (64 hex characters), or 'gates' for the blend gates' verdicts"),
     store: Optional[str] = STORE,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JSON,
 ) -> None:
     """Show a state's manifest in each tier and check its payload there (or the blend gates)."""
     from kvrag.apps.maintenance import inspect_state, list_gates
@@ -291,12 +365,16 @@ def gc(
     store: Optional[str] = STORE,
     other_models: bool = typer.Option(False, "--other-models", help="also drop states of other model fingerprints"),
     model: str = MODEL,
-    dtype: str = DTYPE,
-    attn: str = ATTN,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
     dry_run: bool = typer.Option(False, "--dry-run", help="report, delete nothing"),
     grace: float = typer.Option(600.0, "--grace", min=0, help="seconds: temporary files and orphan frames younger "
                                 "than this may belong to a write in progress and are kept"),
-    as_json: bool = typer.Option(False, "--json"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
 ) -> None:
     """Drop orphan frames, stray temporary files and damaged states (and other models' states on request)."""
     from kvrag.apps.maintenance import collect_garbage
@@ -305,7 +383,7 @@ def gc(
     try:
         keep = None
         if other_models:
-            keep = engine_for(model, store, dtype, attn).fingerprint
+            keep = engine_for(model, store, dtype, attn, None, Trust(namespace, signing_key_file, deadline, threads)).fingerprint
         report = collect_garbage(open_store(store), keep_fingerprint=keep, dry_run=dry_run, grace_s=grace)
     except KVRagError as e:
         fail(e)

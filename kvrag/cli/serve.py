@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
 
-from kvrag.cli.common import ATTN, DTYPE, MODEL, err, fail
+from kvrag.cli.common import ATTN, DEADLINE, DTYPE, MODEL, SIGNING_KEY_FILE, Attn, Dtype, err, fail, read_key_file
 
 EXAMPLE = """Examples:
 
@@ -51,8 +51,8 @@ def register(app: typer.Typer) -> None:
         store: Optional[str] = typer.Option(
             None, "--store", help="the store the workers share: redis://, redis+cluster://, disk:// (default: disk "
             "store in the user cache; memory:// is per worker)"),
-        dtype: str = DTYPE,
-        attn: str = ATTN,
+        dtype: Dtype = DTYPE,
+        attn: Attn = ATTN,
         host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
         port: int = typer.Option(8000, "--port", min=0, max=65535),
         workers: int = typer.Option(1, "--workers", min=1, max=64, help="worker processes, each with the model"),
@@ -64,30 +64,43 @@ def register(app: typer.Typer) -> None:
         served_name: Optional[str] = typer.Option(None, "--served-name", help="the model id clients name (default: --model)"),
         threads: int = typer.Option(0, "--threads", min=0, help="torch threads per worker (0: cores / (workers x concurrency))"),
         grace: float = typer.Option(30, "--grace", min=0, help="seconds to finish requests in flight on shutdown"),
-        log_level: str = typer.Option("info", "--log-level", help="uvicorn's: critical, error, warning, info, debug"),
+        log_level: Literal["critical", "error", "warning", "info", "debug"] = typer.Option(
+            "info", "--log-level", help="uvicorn's log level"),
         api_key: List[str] = typer.Option([], "--api-key", help="a key clients must send as `Authorization: Bearer` "
                                           f"(repeatable; also ${API_KEY_ENV}, comma-separated)"),
         api_key_file: Optional[str] = typer.Option(None, "--api-key-file",
                                                    help="lines `KEY TENANT` (or `KEY`): each tenant's states apart"),
         open_health: bool = typer.Option(False, "--open-health", help="/health and /metrics answer without a key"),
+        signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+        deadline: Optional[float] = DEADLINE,
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API; workers share states through the store."""
         import uvicorn
 
         from kvrag.server.app import SETTINGS_ENV, ServeSettings
+        from kvrag.trust.signing import KEY_FILE_ENV, warn_if_unshared
         from kvrag.trust.tenants import check_namespace
 
         try:
+            if signing_key_file:  # the workers read it from the environment they inherit
+                read_key_file(signing_key_file)
+                os.environ[KEY_FILE_ENV] = os.path.abspath(os.path.expanduser(signing_key_file))
             settings = ServeSettings(model=model, store=store, dtype=dtype, attn=attn, hot_mib=hot_mib,
                                      concurrency=concurrency, queue=queue, max_tokens=max_tokens,
                                      served_name=served_name, threads=threads, workers=workers,
-                                     api_keys=read_api_keys(api_key, api_key_file), open_health=open_health)
+                                     api_keys=read_api_keys(api_key, api_key_file), open_health=open_health,
+                                     **({} if deadline is None else {"deadline_s": deadline}))
             for entry in settings.api_keys:
                 check_namespace(entry.tenant)
             if store:
                 from kvrag.stores import open_store
 
-                open_store(settings.store_url()).close()  # a bad URL fails here, once, not in every worker
+                opened = open_store(settings.store_url())  # a bad URL fails here, once, not in every worker
+                shared = [tier.url for tier in opened.tiers]
+                opened.close()
+                warning = warn_if_unshared(None, shared)
+                if warning:
+                    err.print(f"kvrag serve: WARNING: {warning}", soft_wrap=True, highlight=False)
         except Exception as e:  # noqa: BLE001 - a pydantic or store error, said in one line
             fail(e)
         if settings.api_keys:

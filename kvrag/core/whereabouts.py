@@ -9,10 +9,19 @@ recent `MAX_KEYS` keys). For a segment read as text, the noted keys' manifests a
 signatures checked with this engine's key (nothing unsigned or signed with another key is read),
 and each is compared field by field with what this engine needed.
 
-What this cannot see, by design: states of another namespace or signing key (their records and
+What this cannot read, by design: states of another namespace or signing key (their records and
 manifests are sealed with a key this engine does not hold; tenants are a cryptographic boundary).
-The record is a diagnostic index: two deposits of the same text racing may drop one key from it;
-nothing that grafts depends on it.
+It can say that they exist: every deposit that is not confidential also adds its *mark* to an
+unsigned hint, `seen/<SHA-256 of the text>`. A mark is a MAC of the text's digest under the
+depositor's key, so it tells one depositor's deposits of this text from another's and nothing
+more: it links no two texts, and names no key, namespace or model. A hint whose marks are not this
+engine's says the text was stored under another signing key or namespace. What the hint reveals
+(that a text was deposited, and by how many keys) a reader of the store can already learn from the
+states' manifests, which carry their token ids in the clear; a confidential engine writes no hint.
+Anyone who can write to the store can forge a hint: it only ever changes a diagnostic sentence.
+
+Both are diagnostic indexes: two deposits of the same text racing may drop one key or mark; nothing
+that grafts depends on them.
 """
 
 from __future__ import annotations
@@ -34,13 +43,17 @@ from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import check_manifest_bytes, mac
 
-__all__ = ["Whereabouts", "Sighting", "Difference", "MAX_KEYS"]
+__all__ = ["Whereabouts", "Sighting", "Difference", "MAX_KEYS", "MAX_MARKS", "foreign_sentence"]
 
 log = logging.getLogger("kvrag.whereabouts")
 
 #: the most keys one text's record keeps (the most recent deposits)
 MAX_KEYS = 16
 _MAX_RECORD_BYTES = 64 * MAX_KEYS + 64
+#: the most marks a text's unsigned hint keeps, and a mark's length (hex)
+MAX_MARKS = 16
+_MARK_HEX = 32
+_MAX_HINT_BYTES = (_MARK_HEX + 4) * MAX_MARKS + 16
 
 
 class Difference(BaseModel):
@@ -106,8 +119,47 @@ class Whereabouts:
             keys = [k for k in self._keys(slot, None) if k != segment.key]
             keys = [segment.key, *keys][:MAX_KEYS]
             self.records.put(slot, json.dumps(keys).encode())
+            if not self.records.confidential:
+                self._add_mark(segment.text)
         except KVRagError as e:
             log.warning("could not note where state %s is: %s", segment.key[:12], e)
+
+    @staticmethod
+    def hint_slot(text: str) -> str:
+        """The unsigned hint's name: anyone holding the text can compute it (see the module docstring)."""
+        return "seen/" + hashlib.sha256(b"kvrag-seen/1\x00" + text.encode()).hexdigest()
+
+    def mark(self, text: str) -> str:
+        """This key's mark for `text`: unlinkable across texts, meaningless without the key."""
+        return mac(self.signing_key, b"kvrag-seen-mark", hashlib.sha256(text.encode()).digest())[:_MARK_HEX]
+
+    def marks(self, text: str, deadline: Deadline | None = None) -> list[str]:
+        """The marks in `text`'s hint: untrusted, bounded, anything malformed read as none."""
+        try:
+            raw = self.records.store.fetch_blob(self.hint_slot(text), deadline)
+        except KVRagError:
+            return []
+        if not raw or len(raw) > _MAX_HINT_BYTES:
+            return []
+        try:
+            marks = json.loads(bytes(raw))
+        except UNTRUSTED_PARSE_ERRORS:
+            return []
+        if not isinstance(marks, list):
+            return []
+        return [m for m in marks[:MAX_MARKS]
+                if isinstance(m, str) and len(m) == _MARK_HEX and all(c in "0123456789abcdef" for c in m)]
+
+    def _add_mark(self, text: str) -> None:
+        mine = self.mark(text)
+        marks = self.marks(text)
+        if mine not in marks:
+            self.records.store.put_blob(self.hint_slot(text), json.dumps([mine, *marks][:MAX_MARKS]).encode())
+
+    def other_keys(self, segment: Segment, deadline: Deadline | None = None) -> int:
+        """How many other signing keys or namespaces stored `segment`'s text (0 if none, or unknown)."""
+        mine = self.mark(segment.text)
+        return sum(1 for m in self.marks(segment.text, deadline) if m != mine)
 
     def sightings(self, segment: Segment, deadline: Deadline | None = None, limit: int = MAX_KEYS) -> list[Sighting]:
         """The signed states of `segment`'s text under other keys (the `limit` most recent), each
@@ -136,8 +188,16 @@ class Whereabouts:
         """One sentence for a receipt: what is stored for this text under other settings, if anything."""
         seen = self.sightings(segment, deadline, limit=3)
         if not seen:
-            return ""
+            others = self.other_keys(segment, deadline)
+            return foreign_sentence(others) if others else ""
         return "Stored for the same text under other settings: " + "; ".join(s.describe() for s in seen) + "."
+
+
+def foreign_sentence(others: int) -> str:
+    """What a receipt and `kvrag explain` say when only other keys stored a text."""
+    under = "another signing key or namespace" if others == 1 else f"{others} other signing keys or namespaces"
+    return (f"This text was stored under {under}, which this engine cannot read: machines and tenants share "
+            "states only when they share a signing key (--signing-key-file, KVRAG_SIGNING_KEY) and namespace.")
 
 
 def _fields(prefix: str, stored: dict[str, Any], needed: dict[str, Any]) -> list[Difference]:

@@ -49,6 +49,7 @@ from kvrag.stores import StateStore, open_store
 from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
+from kvrag.trust.signing import warn_if_unshared
 from kvrag.trust.tenants import key_for
 
 log = logging.getLogger("kvrag")
@@ -102,6 +103,7 @@ class KVEngine:
         self.store = store if isinstance(store, StateStore) else open_store(store)
         #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
         self.signing_key, self.namespace = key_for(signing_key, self.store.namespace if namespace is None else namespace)
+        warn_if_unshared(signing_key, [tier.url for tier in self.store.tiers])
         self.allow_unsigned = allow_unsigned
         self.confidential = bool(self.store.confidential if confidential is None else confidential)
         if not 0 < deadline_s <= 3600:

@@ -1,7 +1,13 @@
 """The invariant kernel: attention (`attention`) and linear layers (`linear`) whose every row's
-bits are those of one ordinary pass, wherever a prompt is split. No other kvrag code below it."""
+bits are those of one ordinary pass, wherever a prompt is split. No other kvrag code below it.
+
+Importing this package registers the attention kernel with transformers as `invariant`, so a model
+loaded by hand with `attn_implementation="invariant"` uses it (its linear layers need
+`make_linear_invariant` too)."""
 
 from kvrag.kernels.attention import INVARIANT, invariant_attention, register
 from kvrag.kernels.linear import ROW_BLOCK, make_linear_invariant
 
 __all__ = ["INVARIANT", "invariant_attention", "register", "ROW_BLOCK", "make_linear_invariant"]
+
+register()

@@ -50,6 +50,7 @@ from kvrag.errors import ContextTooLongError, InputError, KVRagError
 from kvrag.server import metrics
 from kvrag.server import openai_api as api
 from kvrag.server.openai_api import ApiError, ChatRequest, CompletionRequest
+from kvrag.stores.deadline import DEFAULT_DEADLINE_S
 
 __all__ = ["ApiKey", "ServeSettings", "create_app", "app_from_environment", "SETTINGS_ENV"]
 
@@ -94,6 +95,8 @@ class ServeSettings(BaseModel):
     api_keys: list[ApiKey] = Field(default_factory=list)
     #: `/health` and `/metrics` answer without a key
     open_health: bool = False
+    #: the most a question waits on store reads before the text answers
+    deadline_s: float = Field(default_factory=lambda: DEFAULT_DEADLINE_S, gt=0, le=3600)
 
     def tenant_of(self, authorization: str | None) -> str | None:
         """The tenant of `Authorization: Bearer <key>`, or None if it names no key here. Every key is
@@ -315,7 +318,7 @@ def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastA
         torch.set_num_threads(settings.torch_threads())
         try:
             serve(await asyncio.to_thread(KVEngine.open, settings.model, settings.store_url(), dtype=settings.dtype,
-                                          attn=settings.attn))
+                                          attn=settings.attn, deadline_s=settings.deadline_s))
         except Exception as e:  # the worker cannot serve: say so, and stop (as a failed start always did)
             state["failed"] = e
             log.error("kvrag worker %d could not load %s: %s; stopping", os.getpid(), settings.model, e)

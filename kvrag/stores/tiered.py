@@ -35,6 +35,8 @@ class TieredStore(StateStore, BlobStore):
         self.namespace = namespaces.pop()
         self.confidential = any(t.confidential for t in self._tiers)  # one confidential tier: every write is
         self.chunk_bytes = min(t.chunk_bytes for t in self._tiers)
+        #: tiers whose failure was already reported: an outage is one warning, not one per read
+        self._reported: set[str] = set()
 
     @property
     def tiers(self) -> list[StateStore]:
@@ -110,7 +112,7 @@ class TieredStore(StateStore, BlobStore):
             try:
                 tier.put(key, manifest, payload)
             except StoreError as e:
-                log.warning("could not write state %s to %s: %s", key[:12], tier.url, e)
+                self.report_failure(tier, e)
                 errors.append(str(e))
         if len(errors) == len(targets):
             raise StoreError(f"state {key[:12]} was written to no tier: {'; '.join(errors)}")
@@ -140,8 +142,9 @@ class TieredStore(StateStore, BlobStore):
             try:
                 data = tier.fetch_blob(name, deadline)  # type: ignore[attr-defined]
             except StoreError as e:
-                log.warning("cannot read %s from %s: %s", name, tier.url, e)
+                self.report_failure(tier, e)
                 continue
+            self._reported.discard(tier.url)
             if data is not None:
                 for hotter in self.tiers[:index]:
                     if hotter.breaker.is_open:
@@ -181,6 +184,15 @@ class TieredStore(StateStore, BlobStore):
                         yield name
             except StoreError as e:
                 log.warning("cannot list %s: %s", tier.url, e)
+
+    def report_failure(self, tier: StateStore, error: StoreError) -> None:
+        """Warn once that `tier` failed (until it answers again), saying what that costs."""
+        if tier.url in self._reported:
+            log.debug("%s still failing: %s", tier.url, error)
+            return
+        self._reported.add(tier.url)
+        log.warning("%s failed (%s): states are read from the other tiers, and what none holds is read as text",
+                    tier.url, " ".join(str(error).split())[:300])
 
     def close(self) -> None:
         for tier in self.tiers:

@@ -2,9 +2,11 @@
 
 Whoever can write to a store could otherwise steer the model invisibly: plant a state, rewrite a
 memo entry, edit a cache line. So kvrag signs by default. The key is `KVEngine(signing_key=...)`,
-else `KVRAG_SIGNING_KEY`, else a random per-user key created once in kvrag's home folder
-(owner-only permissions). Machines that share a store share a key by setting the same
-`KVRAG_SIGNING_KEY` (or copying the key file). An empty key is an error, never "no signing".
+else `KVRAG_SIGNING_KEY`, else the file `KVRAG_SIGNING_KEY_FILE` names, else a random per-user key
+created once in kvrag's home folder (owner-only permissions). Keys are part of every state's
+address, so machines that share a store must share a key: the same `KVRAG_SIGNING_KEY`, or a copy
+of one key file (`--signing-key-file`). An engine on a shared store (Redis) whose key was generated
+on this machine warns at start-up (`warn_if_unshared`). An empty key is an error, never "no signing".
 
 - State manifests carry a `signature`: a MAC over the manifest's stored bytes with that field
   `null` (the manifest commits to the payload's chunk digests, so the payload is covered too). It
@@ -25,24 +27,67 @@ import logging
 import os
 import re
 import secrets
+import socket
 from pathlib import Path
 
 from kvrag.artifacts.format import StateManifest
 from kvrag.errors import InputError, SignatureError
 from kvrag.paths import kvrag_home
 
-__all__ = ["KEY_ENV", "resolve_signing_key", "default_key_path", "sign_manifest", "sign_manifest_bytes",
-           "check_manifest_bytes", "mac", "seal", "unseal", "warn_unsigned_once"]
+__all__ = ["KEY_ENV", "KEY_FILE_ENV", "resolve_signing_key", "default_key_path", "generated_here", "warn_if_unshared",
+           "sign_manifest", "sign_manifest_bytes", "check_manifest_bytes", "mac", "seal", "unseal",
+           "warn_unsigned_once"]
 
 log = logging.getLogger("kvrag.signing")
 
 KEY_ENV = "KVRAG_SIGNING_KEY"
+KEY_FILE_ENV = "KVRAG_SIGNING_KEY_FILE"
 _SEALED = b"kvrag.sealed/1 "
 _warned: set[str] = set()
+#: the schemes of stores that other machines can reach
+_SHARED_SCHEMES = ("redis://", "rediss://", "redis+cluster://")
 
 
 def default_key_path() -> Path:
     return kvrag_home() / "signing.key"
+
+
+def _origin_path() -> Path:
+    """Names the host that generated the default key: a copied key file comes without it."""
+    return kvrag_home() / "signing.key.origin"
+
+
+def generated_here() -> bool:
+    """Whether this user's default key file may have been generated on this host: it was, or nothing
+    says where (a key made before origins were noted). Only a key whose origin names another host
+    was shared on purpose."""
+    if not default_key_path().exists():
+        return True  # it will be generated here on first use
+    try:
+        return _origin_path().read_text(encoding="utf-8").strip() in ("", socket.gethostname())
+    except OSError:
+        return True
+
+
+def _uses_default_key(key: bytes | str | None) -> bool:
+    return key is None and os.environ.get(KEY_ENV) is None and not os.environ.get(KEY_FILE_ENV)
+
+
+def warn_if_unshared(key: bytes | str | None, store_urls: list[str]) -> str | None:
+    """Warn (once per store) when `key` resolves to a key generated on this machine and a store is
+    one other machines reach: they would neither see nor graft its states. Returns the warning."""
+    shared = [url for url in store_urls if url.startswith(_SHARED_SCHEMES)]
+    if not shared or not _uses_default_key(key) or not generated_here():
+        return None
+    path = default_key_path()
+    message = (f"the signing key {path} was generated on this machine, and {', '.join(shared)} is shared: other "
+               "machines will neither see nor graft the states stored there under it, nor this one theirs. Give "
+               f"every machine the same key: copy {path} to each and pass --signing-key-file (or set "
+               f"{KEY_FILE_ENV}, or {KEY_ENV} to one shared secret)")
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+    return message
 
 
 def _default_key() -> bytes:
@@ -56,6 +101,7 @@ def _default_key() -> bytes:
                 f.write(secrets.token_hex(32) + "\n")
             try:
                 os.link(tmp, path)  # never replaces a key another process made first
+                _origin_path().write_text(socket.gethostname() + "\n", encoding="utf-8")
             except FileExistsError:
                 pass
         finally:
@@ -66,14 +112,30 @@ def _default_key() -> bytes:
     return key
 
 
+def _key_file(path: str) -> bytes:
+    try:
+        key = Path(path).expanduser().read_bytes().strip()
+    except OSError as e:
+        raise InputError(f"cannot read the signing key file {path} ({KEY_FILE_ENV}): {e.strerror or e}") from e
+    if not key:
+        raise InputError(f"the signing key file {path} ({KEY_FILE_ENV}) is empty; put the shared secret in it")
+    return key
+
+
 def resolve_signing_key(key: bytes | str | None = None) -> bytes:
-    """The key to sign with: `key`, else `$KVRAG_SIGNING_KEY`, else this user's key file."""
+    """The key to sign with: `key`, else `$KVRAG_SIGNING_KEY`, else the file `$KVRAG_SIGNING_KEY_FILE`
+    names, else this user's key file."""
     if key is None:
         env = os.environ.get(KEY_ENV)
         if env is not None and not env.strip():
             raise InputError(f"{KEY_ENV} is set but empty; set it to a shared secret, or unset it to use "
                              f"this user's key ({default_key_path()})")
-        key = env if env is not None else _default_key()
+        if env is not None:
+            key = env
+        elif os.environ.get(KEY_FILE_ENV):
+            key = _key_file(os.environ[KEY_FILE_ENV])
+        else:
+            key = _default_key()
     data = key.encode() if isinstance(key, str) else bytes(key)
     if not data.strip():
         raise InputError("an empty signing key would let anyone sign; pass a secret, or None for this user's key")

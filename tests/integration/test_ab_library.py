@@ -60,7 +60,7 @@ def test_ab_cli_writes_json_and_report(tmp_path):
     docs.write_text("\n".join(json.dumps(d) for d in DOCS))
     questions.write_text("\n".join(json.dumps(q) for q in QUESTIONS[:2]))
     result = CliRunner().invoke(app, ["ab", "--docs", str(docs), "--questions", str(questions), "--model", "tiny-random-qwen2",
-                                      "--store", "memory://", "--max-new-tokens", "6", "--json", str(tmp_path / "ab.json"),
+                                      "--store", "memory://", "--max-tokens", "6", "--out", str(tmp_path / "ab.json"),
                                       "--report", str(tmp_path / "report"), "--k", "2", "--order", "stored-first"])
     assert result.exit_code == 0, result.output
     written = json.loads((tmp_path / "ab.json").read_text())

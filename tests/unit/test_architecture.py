@@ -16,7 +16,7 @@ SOFT_LINES = 500
 
 #: The layers, bottom first: a module may import its own layer and the layers below it, never above.
 LAYERS: list[tuple[str, ...]] = [
-    ("kvrag.errors", "kvrag.paths", "kvrag.data"),
+    ("kvrag.errors", "kvrag.paths", "kvrag.data", "kvrag.version"),
     ("kvrag.kernels",),
     ("kvrag.models",),
     ("kvrag.artifacts",),
@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kvrag", "kvrag.testing"),
 ]
 #: What may sit at the top of `kvrag/` besides the subpackages.
-TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "paths.py", "testing.py"}
+TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "paths.py", "testing.py", "version.py"}
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -33,7 +33,7 @@ def test_deposit_then_ask_grafts(tmp_path):
     deposited = runner.invoke(app, ["deposit", str(doc), *common, "--json"])
     assert deposited.exit_code == 0, deposited.output
     key = json.loads(deposited.stdout)[0]["key"]
-    asked = runner.invoke(app, ["ask", "Who built it?", "--doc", str(doc), *common, "--json", "--max-new-tokens", "3"])
+    asked = runner.invoke(app, ["ask", "Who built it?", "--doc", str(doc), *common, "--json", "--max-tokens", "3"])
     assert asked.exit_code == 0, asked.output
     receipt = json.loads(asked.stdout)["receipt"]
     assert receipt["mode"] == "exact-graft" and receipt["states"][0]["key"] == key
@@ -48,7 +48,7 @@ def test_layout_is_chosen_on_the_command_line_and_shown_by_inspect_and_explain(t
     key = json.loads(deposited.stdout)[0]["key"]
     inspected = runner.invoke(app, ["inspect", key, "--store", f"disk://{tmp_path / 'states'}"])
     assert "layout completion" in inspected.stdout
-    asked = runner.invoke(app, ["ask", "Who built it?", "--doc", str(doc), *common, "--json", "--max-new-tokens", "2",
+    asked = runner.invoke(app, ["ask", "Who built it?", "--doc", str(doc), *common, "--json", "--max-tokens", "2",
                                 "--layout", "completion"])
     assert json.loads(asked.stdout)["receipt"]["layout"] == "completion"
     assert json.loads(asked.stdout)["receipt"]["mode"] == "exact-graft"
