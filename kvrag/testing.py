@@ -12,6 +12,7 @@ runs `kvrag serve` as its own process on a free port (waiting for `/health`), fo
 
 from __future__ import annotations
 
+import http.client
 import os
 import random
 import shutil
@@ -53,10 +54,25 @@ def _is_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out as connections' source ports (Linux; its default elsewhere)."""
+    try:
+        low, high = (int(p) for p in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A free loopback port whose cluster bus port (+10000) is free too, as Redis Cluster needs."""
+    """A free loopback port whose cluster bus port (+10000) is free too, as Redis Cluster needs, both
+    outside the kernel's ephemeral range: a client connecting to a port nothing listens on yet can
+    otherwise be given that very port as its source and connect to itself."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(10000, 55536) if not (low <= p <= high or low <= p + 10000 <= high)]
+    if not candidates:
+        raise RuntimeError(f"no port pair outside the ephemeral range {low}-{high} for redis-server")
     for _ in range(1000):
-        port = random.randint(20000, 45000)
+        port = random.choice(candidates)
         if _is_free(port) and _is_free(port + 10000):
             return port
     raise RuntimeError("no free port pair for redis-server")
@@ -198,7 +214,7 @@ class KVRagServer:
             with urllib.request.urlopen(urllib.request.Request(self.base + "/health", headers=headers),
                                         timeout=2) as response:
                 return response.status == 200
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException):  # any non-HTTP answer: not yet
             return False
 
     def stop(self, *, kill: bool = False, timeout: float = 60) -> int | None:
