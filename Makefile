@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvrag-installed
 
-.PHONY: setup demo test test-unit verify bench peer peer-env clean
+.PHONY: setup demo test test-unit docs verify bench peer peer-env clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,8 @@ demo: setup
 # run from its folder as a LangChain partner package runs its tests.
 test: setup
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+	$(BIN)/ruff check --select F kvrag tests docs/hooks.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(CURDIR)/site
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 	set -e; for dist in $(INTEGRATIONS); do (cd $$dist && HF_HUB_OFFLINE=1 $(CURDIR)/$(BIN)/python -m pytest -q tests); done
 
@@ -39,6 +41,10 @@ test: setup
 test-unit: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/unit
 	set -e; for dist in $(INTEGRATIONS); do (cd $$dist && HF_HUB_OFFLINE=1 $(CURDIR)/$(BIN)/python -m pytest -q tests/unit_tests); done
+
+# The documentation site, built strictly (a broken link or reference fails it) into site/.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(CURDIR)/site
 
 verify: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kvrag verify --model smollm2-135m --samples 50

@@ -22,7 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kvrag.errors import InputError, KVRagError
+from kvrag.errors import InputError
 
 if TYPE_CHECKING:
     from kvrag.engine.engine import KVEngine

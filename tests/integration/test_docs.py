@@ -1,0 +1,164 @@
+"""Every code block of the README, the quickstart and the guides runs, offline, as a user pastes it.
+
+A page runs top to bottom in a fresh folder, each block in a fresh process: Python blocks with the
+project's interpreter, shell blocks line by line. A throwaway Redis stands in for the one at
+127.0.0.1:6379, and a free port for a server's 8000. Three kinds of shell line are checked rather
+than run: `make <target>` (the target exists; `make test` is what runs this), `pip install ...` (the
+local paths exist; this environment already has them), and nothing else. A line ending in `&` runs
+in the background until the page ends; a `kvrag serve` there is waited for until it is healthy.
+`text` blocks are program output, not code. Every other page's blocks are checked too: only
+commands of scripts and subcommands that exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvrag.testing import RedisServer, free_port
+
+ROOT = Path(__file__).parents[2]
+BIN = Path(sys.executable).parent
+RUN = [ROOT / "README.md", ROOT / "docs" / "quickstart.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]
+CHECKED = [p for p in sorted((ROOT / "docs").rglob("*.md")) if p not in RUN]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+MAKE_TARGETS = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
+RAN: list[str] = []
+
+
+def blocks(page: Path) -> list[tuple[str, str]]:
+    return [(lang, code) for lang, code in FENCE.findall(page.read_text())]
+
+
+def _lines(code: str) -> list[str]:
+    joined = re.sub(r"\\\n\s*", " ", code)
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def _wait_healthy(port: int, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the server did not become healthy")
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("docs-redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", RUN, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_block_of_the_page_runs(page: Path, redis, tmp_path):
+    found = blocks(page)
+    assert found, f"{page} has no code block"
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "NO_COLOR": "1", "PYTHONWARNINGS": "ignore"}
+    background: list[subprocess.Popen] = []
+
+    def localize(code: str) -> str:
+        return code.replace("127.0.0.1:6379", f"127.0.0.1:{redis.port}").replace("8000", str(port))
+
+    try:
+        for index, (lang, code) in enumerate(found):
+            where = f"{page.relative_to(ROOT)} block {index + 1} ({lang})"
+            code = localize(code)
+            if lang == "python":
+                done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                                      text=True, timeout=900)
+                assert done.returncode == 0, f"{where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+            elif lang == "bash":
+                for line in _lines(code):
+                    _run_line(line, where, tmp_path, env, background, port)
+            else:
+                assert lang == "text", f"{where}: a block must be python, bash or text (output), not {lang!r}"
+                continue
+            RAN.append(where)
+    finally:
+        for process in background:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    print(f"{page.relative_to(ROOT)}: ran {sum(1 for r in RAN if r.startswith(str(page.relative_to(ROOT))))} "
+          f"of {sum(1 for lang, _ in found if lang != 'text')} code blocks")
+
+
+def _run_line(line: str, where: str, cwd: Path, env: dict, background: list, port: int) -> None:
+    words = shlex.split(line.split(" #")[0])
+    if words[0] == "make":
+        assert words[1] in MAKE_TARGETS, f"{where}: no make target {words[1]}"
+        return
+    if words[:2] == ["pip", "install"]:
+        for word in words[2:]:
+            if word.startswith((".", "/")):
+                assert (ROOT / word).exists(), f"{where}: {word} does not exist"
+        return
+    if line.endswith("&"):
+        process = subprocess.Popen(line[:-1], shell=True, cwd=cwd, env=env, start_new_session=True,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        background.append(process)
+        if words[:2] == ["kvrag", "serve"]:
+            _wait_healthy(port, process)
+        return
+    done = subprocess.run(line, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{where}: `{line}` failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("page", CHECKED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_other_pages_hold_only_output_and_commands_that_exist(page: Path):
+    from typer.testing import CliRunner
+
+    from kvrag.cli import app
+
+    for lang, code in blocks(page):
+        if lang == "text":
+            continue
+        assert lang == "bash", f"{page}: a {lang!r} block outside the README, quickstart and guides"
+        for line in _lines(code):
+            words = shlex.split(line.split(" #")[0])
+            words = words[1:] if words[0].endswith("python") else words
+            program = words[0].replace(".venv/bin/", "")
+            if program == "kvrag":
+                assert CliRunner().invoke(app, [words[1], "--help"]).exit_code == 0, line
+            else:
+                assert (ROOT / program).exists(), f"{page}: {program} does not exist"
+
+
+def test_the_readme_is_short_and_its_figures_are_on_benchmark_pages():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    rows = [line for line in readme.splitlines() if line.startswith("| ") and "](docs/benchmarks/" in line]
+    assert rows, "the README's figures table"
+    for row in rows:
+        figure = row.split("|")[2].strip()
+        page = ROOT / re.search(r"\]\((docs/benchmarks/[\w.-]+)\)", row).group(1)
+        number = re.search(r"[\d.,/]+x?", figure).group(0)
+        assert number in page.read_text(), f"{number} ({figure}) is not on {page}"
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    table = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    code = " ".join(p.read_text() for p in (ROOT / "kvrag").rglob("*.py"))
+    for name in set(re.findall(r"\bKVRAG_[A-Z_]+[A-Z]\b", code)):
+        assert f"`{name}`" in table, f"{name} is read by kvrag but not in docs/reference/environment.md"
