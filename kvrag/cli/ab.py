@@ -115,7 +115,7 @@ def calibrate(
     signing_key_file: Optional[str] = SIGNING_KEY_FILE,
     deadline: Optional[float] = DEADLINE,
     threads: Optional[int] = THREADS,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JSON,
 ) -> None:
     """Measure blending against the exact path for this model and store the gate's verdict."""
     from kvrag.apps.ab import load_jsonl
