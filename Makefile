@@ -32,7 +32,7 @@ demo: setup
 # run from its folder as a LangChain partner package runs its tests.
 test: setup
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
-	$(BIN)/ruff check --select F kvrag tests docs/hooks.py
+	$(BIN)/ruff check kvrag tests benchmarks examples integrations docs/hooks.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(CURDIR)/site
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 	set -e; for dist in $(INTEGRATIONS); do (cd $$dist && HF_HUB_OFFLINE=1 $(CURDIR)/$(BIN)/python -m pytest -q tests); done

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from kvrag.version import VERSION
 from kvrag.errors import (
     ContextTooLongError,
     EmptyTextError,
@@ -33,6 +32,7 @@ from kvrag.errors import (
     StoreUnavailableError,
     VerificationError,
 )
+from kvrag.version import VERSION
 
 if TYPE_CHECKING:
     from kvrag.apps import VerifyReport, verify_model

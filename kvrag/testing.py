@@ -105,9 +105,10 @@ class RedisServer:
             try:
                 if client.ping():
                     break
-            except redis.exceptions.ConnectionError:
+            except redis.exceptions.ConnectionError as e:
                 if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server on {self.port} did not start: {(self.folder / 'redis.log').read_text()[-500:]}")
+                    log = (self.folder / "redis.log").read_text()[-500:]
+                    raise RuntimeError(f"redis-server on {self.port} did not start: {log}") from e
                 time.sleep(0.05)
         client.close()
         return self

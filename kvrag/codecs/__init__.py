@@ -169,7 +169,7 @@ def codecs_for(hf_model: Any) -> list[LayerCodec]:
         codecs.append(codec)
     if not codecs:  # caches built lazily: one full layer per decoder layer
         config = hf_model.config.get_text_config(decoder=True)
-        count = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+        count = getattr(config, "num_hidden_layers", None) or config.n_layer
         codecs = [FullAttention() for _ in range(int(count))]
     return codecs
 

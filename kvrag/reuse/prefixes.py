@@ -75,7 +75,7 @@ class PrefixRecords:
         body = json.dumps({"key": key}).encode()
         marks = prefix_marks(self.scope, ids)
         before = [mark for mark in marks if mark[0] <= start][-1:]
-        for position, name in before + [mark for mark in marks if mark[0] > start]:
+        for _position, name in before + [mark for mark in marks if mark[0] > start]:
             self.records.put(name, body)
 
     def longest(self, ids: Sequence[int], deadline: Deadline | None = None) -> PrefixHint | None:

@@ -117,7 +117,9 @@ def test_llamaindex_openai_like_with_a_key_that_works_and_one_that_does_not(serv
 
     good = OpenAILike(model=MODEL, api_base=server.url, api_key=KEY_A, is_chat_model=True, max_tokens=4,
                       max_retries=0)
-    assert good.complete("Say hello.").text is not None
+    expected = client(server, KEY_A).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=4).choices[0].message.content
+    assert good.complete("Say hello.").text == expected  # greedy: the same answer as the openai client's
     bad = OpenAILike(model=MODEL, api_base=server.url, api_key="not-a-key-0123", is_chat_model=True, max_tokens=4,
                      max_retries=0)
     with pytest.raises(openai.AuthenticationError):
