@@ -32,7 +32,8 @@ def _deposit_then_ask(tmp_path, attn: str) -> tuple[dict, dict]:
     assert deposited.returncode == 0, deposited.stderr[-2000:]
     receipts = []
     for threads in (1, 2):
-        asked = _kvrag("ask", QUESTION, "--doc", str(doc), *common, "--json", "--max-tokens", "2", threads=threads)
+        asked = _kvrag("ask", QUESTION, "--doc", str(doc), *common, "--json", "--max-tokens", "2", "--no-deposit",
+                       threads=threads)
         assert asked.returncode == 0, asked.stderr[-2000:]
         receipts.append(json.loads(asked.stdout)["receipt"])
     return receipts[0], receipts[1]

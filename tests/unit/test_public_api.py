@@ -55,12 +55,12 @@ def test_state_errors_name_a_documented_receipt_reason():
     assert not issubclass(errors.VerificationError, errors.StateError)  # nothing falls back from a failed deposit
 
 
-def test_the_readme_lists_exactly_the_receipt_reasons():
+def test_the_receipts_page_lists_exactly_the_receipt_reasons():
     import pathlib
     import re
 
     from kvrag.core.receipt import REASONS
 
-    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    listed = readme.split("(closed set, `kvrag.core.receipt.REASONS`):", 1)[1].split(", with a detail", 1)[0]
+    page = (pathlib.Path(__file__).parents[2] / "docs" / "concepts" / "receipts.md").read_text()
+    listed = page.split("(closed set, `kvrag.core.receipt.REASONS`):", 1)[1].split(", with a detail", 1)[0]
     assert re.findall(r"`([a-z-]+)`", listed) == list(REASONS)
