@@ -2,7 +2,7 @@
 
 Runs the A/B harness (`kvrag.apps.ab.run_ab`) on the bundled set with smollm2-135m in one process,
 each configuration on a fresh memory store (Redis is measured in "Stores and tiers"), and prints
-the README's tables: receipt mode mix, whole-context hit rate, token reuse, median TTFT ratio
+the tables of docs/benchmarks/ab-policies.md: receipt mode mix, whole-context hit rate, token reuse, median TTFT ratio
 overall and per mode, accuracy per arm, and the deposit cost.
 
     python benchmarks/ab_policies.py                   # policies at k=1,3,5, the levers and the blend at k=3

@@ -124,9 +124,10 @@ def calibrate(
         texts = [str(d["text"]) for d in load_jsonl(docs, ["id", "text"])] if docs else None
         engine = engine_for(model, store, dtype, attn, None, Trust(namespace, signing_key_file, deadline, threads))
         with progress(as_json) as bar:
-            bar.add_task(f"calibrating blend {ratio:.2f} on {samples} prompts", total=None)
+            task = bar.add_task(f"calibrating blend {ratio:.2f}", total=samples)
             result = engine.gate.calibrate(texts, ratio=ratio, samples=samples, max_mean_kl=max_kl,
-                                           min_agreement=min_agreement)
+                                           min_agreement=min_agreement,
+                                           progress=lambda done, _n: bar.update(task, completed=done))
     except KVRagError as e:
         fail(e)
     if as_json:

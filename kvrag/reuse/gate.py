@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timezone
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 from pydantic import BaseModel, Field, ValidationError
@@ -70,10 +70,12 @@ class BlendGate:
 
     def calibrate(self, documents: Sequence[str] | None = None, questions: Sequence[str] | None = None, *,
                   ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True, samples: int = 8,
-                  max_mean_kl: float | None = None, min_agreement: float | None = None) -> GateResult:
+                  max_mean_kl: float | None = None, min_agreement: float | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> GateResult:
         """Measure blends against the exact path on `samples` prompts built from `documents` (each
         followed by a question about it; default: the bundled sample set) and store the verdict.
-        `max_mean_kl` and `min_agreement` may tighten the engine's limits, never loosen them."""
+        `max_mean_kl` and `min_agreement` may tighten the engine's limits, never loosen them;
+        `progress(done, samples)` is called after each prompt."""
         if not 0 < ratio <= 1 or samples < 1:
             raise InputError("the recompute ratio must be in (0, 1] and samples at least 1")
         limits = self.engine.blend_limits
@@ -105,6 +107,8 @@ class BlendGate:
                                               rerotate=rerotate)).result().first_token_logits
             kls.append(kl_divergence(exact, blended))
             agree += int(exact.argmax() == blended.argmax())
+            if progress is not None:
+                progress(i + 1, samples)
         kl_mean, agreement = sum(kls) / len(kls), agree / samples
         result = GateResult(
             model=engine.model.name, model_fingerprint=engine.identity.model_digest, hardware_fingerprint=engine.identity.hardware.digest,
