@@ -34,7 +34,7 @@ def test_a_fifo_named_like_a_state_never_blocks(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0 and json.loads(listed.stdout) == []  # skipped, with one line saying so
     assert [line for line in listed.stderr.splitlines() if line.strip()] == [
-        f"skipped {path.name} in disk://{tmp_path}: not a state file"]
+        f"kvrag: warning: skipped {path.name} in disk://{tmp_path}: not a state file"]
 
 
 def test_a_directory_named_like_a_state_is_a_miss(tmp_path):

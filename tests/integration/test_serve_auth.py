@@ -116,7 +116,7 @@ def test_llamaindex_openai_like_with_a_key_that_works_and_one_that_does_not(serv
     from llama_index.llms.openai_like import OpenAILike
 
     good = OpenAILike(model=MODEL, api_base=server.url, api_key=KEY_A, is_chat_model=True, max_tokens=4,
-                      max_retries=0)
+                      max_retries=0, temperature=0.0)
     expected = client(server, KEY_A).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=4).choices[0].message.content
     assert good.complete("Say hello.").text == expected  # greedy: the same answer as the openai client's
