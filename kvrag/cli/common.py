@@ -6,7 +6,6 @@ Nothing here imports torch: `kvrag --help` (and every command's `--help`) answer
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING, Literal, Optional
 
@@ -74,6 +73,8 @@ class Trust:
         if self.namespace is not None:
             kwargs["namespace"] = self.namespace
         if self.signing_key_file:
+            from kvrag.trust.signing import read_key_file
+
             kwargs["signing_key"] = read_key_file(self.signing_key_file)
         if self.deadline is not None:
             kwargs["deadline_s"] = self.deadline
@@ -84,18 +85,6 @@ class Trust:
             import torch
 
             torch.set_num_threads(self.threads)
-
-
-def read_key_file(path: str) -> bytes:
-    """A signing key file's key: its bytes, stripped; an unreadable or empty file is an `InputError`."""
-    try:
-        with open(os.path.expanduser(path), "rb") as f:
-            key = f.read().strip()
-    except OSError as e:
-        raise InputError(f"cannot read the signing key file {path}: {e.strerror or e}") from e
-    if not key:
-        raise InputError(f"the signing key file {path} is empty; put the shared secret in it")
-    return key
 
 
 def engine_for(model: str, store: Optional[str], dtype: str, attn: str, layout: Optional[str] = None,

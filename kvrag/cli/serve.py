@@ -9,7 +9,7 @@ from typing import List, Literal, Optional
 
 import typer
 
-from kvrag.cli.common import ATTN, DEADLINE, DTYPE, MODEL, SIGNING_KEY_FILE, Attn, Dtype, err, fail, read_key_file
+from kvrag.cli.common import ATTN, DEADLINE, DTYPE, MODEL, SIGNING_KEY_FILE, Attn, Dtype, err, fail
 
 EXAMPLE = """Examples:
 
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         import uvicorn
 
         from kvrag.server.app import SETTINGS_ENV, ServeSettings
-        from kvrag.trust.signing import KEY_FILE_ENV, warn_if_unshared
+        from kvrag.trust.signing import KEY_FILE_ENV, read_key_file, warn_if_unshared
         from kvrag.trust.tenants import check_namespace
 
         try:

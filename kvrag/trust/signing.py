@@ -34,7 +34,7 @@ from kvrag.artifacts.format import StateManifest
 from kvrag.errors import InputError, SignatureError
 from kvrag.paths import kvrag_home
 
-__all__ = ["KEY_ENV", "KEY_FILE_ENV", "resolve_signing_key", "default_key_path", "generated_here", "warn_if_unshared",
+__all__ = ["KEY_ENV", "KEY_FILE_ENV", "resolve_signing_key", "read_key_file", "default_key_path", "generated_here", "warn_if_unshared",
            "sign_manifest", "sign_manifest_bytes", "check_manifest_bytes", "mac", "seal", "unseal",
            "warn_unsigned_once"]
 
@@ -112,13 +112,15 @@ def _default_key() -> bytes:
     return key
 
 
-def _key_file(path: str) -> bytes:
+def read_key_file(path: str) -> bytes:
+    """A signing key file's key (`--signing-key-file`, `$KVRAG_SIGNING_KEY_FILE`): its bytes,
+    stripped; an unreadable or empty file is an `InputError`."""
     try:
         key = Path(path).expanduser().read_bytes().strip()
     except OSError as e:
-        raise InputError(f"cannot read the signing key file {path} ({KEY_FILE_ENV}): {e.strerror or e}") from e
+        raise InputError(f"cannot read the signing key file {path}: {e.strerror or e}") from e
     if not key:
-        raise InputError(f"the signing key file {path} ({KEY_FILE_ENV}) is empty; put the shared secret in it")
+        raise InputError(f"the signing key file {path} is empty; put the shared secret in it")
     return key
 
 
@@ -133,7 +135,7 @@ def resolve_signing_key(key: bytes | str | None = None) -> bytes:
         if env is not None:
             key = env
         elif os.environ.get(KEY_FILE_ENV):
-            key = _key_file(os.environ[KEY_FILE_ENV])
+            key = read_key_file(os.environ[KEY_FILE_ENV])
         else:
             key = _default_key()
     data = key.encode() if isinstance(key, str) else bytes(key)
