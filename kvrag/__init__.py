@@ -25,11 +25,14 @@ from kvrag.errors import (
     IntegrityError,
     KVRagError,
     ModelError,
+    RedirectError,
     SignatureError,
     StateError,
     StateNotFoundError,
     StoreError,
+    StoreTimeoutError,
     StoreUnavailableError,
+    StreamFailedError,
     VerificationError,
 )
 from kvrag.version import VERSION
@@ -128,4 +131,7 @@ __all__ = [
     "VerificationError",
     "StoreError",
     "StoreUnavailableError",
+    "StoreTimeoutError",
+    "StreamFailedError",
+    "RedirectError",
 ]

@@ -34,6 +34,7 @@ from kvrag.codecs import extract
 from kvrag.core.runner import logits_sha256
 from kvrag.data import verification_pairs
 from kvrag.engine.engine import KVEngine
+from kvrag.errors import VerificationError
 from kvrag.models.loading import LoadedModel
 from kvrag.stores import MemoryStore
 from kvrag.trust.confidential import open_manifest
@@ -98,7 +99,7 @@ def _stock_forward(model: LoadedModel, ids: list[int], cache: DynamicCache) -> t
     """One plain transformers forward of `ids` after what `cache` holds (no kvrag code): the last
     position's logits."""
     with torch.inference_mode():
-        out = model.hf_model(input_ids=torch.tensor([ids], device=model.device), past_key_values=cache,
+        out = model.hf_model(input_ids=torch.tensor([ids], device=model.device), cache=cache,
                              use_cache=True, logits_to_keep=1)
     return out.logits[0, -1]
 
@@ -141,7 +142,7 @@ def verify_model(
         ref = engine.deposit(document)
         graft = engine.generate(question, states=[ref], max_new_tokens=1)
         if graft.receipt.mode != "exact-graft":
-            raise AssertionError(f"sample {index}: expected an exact graft, got {graft.receipt.mode}")
+            raise VerificationError(f"sample {index}: expected an exact graft, got {graft.receipt.mode}")
         segment = engine.plan([document])[0].ids
         query = engine.layout.question_ids(question)
         lengths.append(len(segment) + len(query))

@@ -23,12 +23,11 @@ from kvrag.artifacts.pages import warm_pages
 __all__ = ["CHUNK_BYTES", "LEGACY_CHUNK_BYTES", "PayloadLayout", "ChunkOpener", "Sha256Chunks", "chunk_digests", "CheckedBuffer", "HeldBytes",
            "hash_pool", "read_checked", "open_payload", "stored_form"]
 
-#: the chunk size of states written now: one Redis frame per chunk. Measured on a Redis 7 server here,
-#: a 2 MiB frame came back 1.9x faster than an 8 MiB one (the server copies each reply into a fresh
-#: allocation, cheap while it stays in the allocator's small-extent cache), and 64 bytes under 2 MiB
-#: the value and its header fit jemalloc's 2 MiB size class (exactly 2 MiB took 2.5 MiB: 1.29x)
+#: the chunk size of states written now: one Redis frame per chunk. Redis copies each reply into a
+#: fresh allocation, cheap while it stays in jemalloc's small-extent cache, and 64 bytes under 2 MiB
+#: the value and its header fit its 2 MiB size class
 CHUNK_BYTES = (2 << 20) - 64
-#: the chunk size of states written before manifests named theirs
+#: the chunk size of a manifest that names none
 LEGACY_CHUNK_BYTES = 8 << 20
 
 
@@ -54,7 +53,7 @@ class ChunkOpener:
 
 
 class Sha256Chunks(ChunkOpener):
-    """Each chunk's SHA-256 against the signed list: states written before keyed tags."""
+    """Each chunk's SHA-256 against the signed list: a manifest that names no keyed tags."""
 
     def __init__(self, chunk_bytes: int, digests: Sequence[str]) -> None:
         self.chunk_bytes, self.digests = chunk_bytes, tuple(digests)
@@ -119,11 +118,10 @@ class CheckedBuffer(mmap.mmap):
     """A fresh, writable buffer for payload bytes; once a store has checked its chunks, it records
     what checked them (`checked_by`), so nothing is checked twice.
 
-    It is memory mapped for the purpose: filled by `readinto` it measured faster here than a fresh
-    `bytearray`, and a large one maps pages a dead buffer left resident (`kvrag.artifacts.pages`),
-    so a read does not fault in and zero its memory page by page.
-    Advising it for transparent huge pages was faster still in a fresh process, and much slower
-    in a long-running one (the kernel compacts memory to find huge pages), so it is not."""
+    It is memory mapped so that a large one maps pages a dead buffer left resident
+    (`kvrag.artifacts.pages`), and a read does not fault in and zero its memory page by page. It is
+    not advised for transparent huge pages: in a long-running process the kernel would compact
+    memory to find them."""
 
     #: the `ChunkOpener.identity` that checked it (None: not checked)
     checked_by: tuple[Any, ...] | None = None

@@ -4,9 +4,9 @@ This module is the one place where tensors become bytes and bytes become tensors
 unpickles and never trusts a size before checking it: the payload's SHA-256 is checked against the
 manifest, then its safetensors header is parsed with a size cap and every entry is checked against
 the manifest's shapes and dtypes before a tensor view is made over the buffer (zero-copy).
-Integrity is checked chunk by chunk (8 MiB, in parallel; see `kvrag.artifacts.digests`): by the
+Integrity is checked chunk by chunk (in parallel; see `kvrag.artifacts.digests`): by the
 manifest's keyed tags, or the AEAD tags of a confidential state (`payload_seal`, see
-`kvrag.trust.payloads`), else, for states written before those, by the chunks' SHA-256 digests. The
+`kvrag.trust.payloads`), else, for a manifest that names neither, by the chunks' SHA-256 digests. The
 whole-payload SHA-256 of the plaintext is recorded as the exactness record, computed once at
 deposit; no read waits on it.
 """
@@ -149,9 +149,9 @@ class StateManifest(BaseModel):
     payload_chunk_bytes: int = Field(default=LEGACY_CHUNK_BYTES, ge=1, le=1 << 30)
     payload_chunks: list[str] = Field(default_factory=list, max_length=1 << 20)
     deposit: DepositReceipt
-    #: the prompt layout the segment was cut by (`kvrag.core.prompt`; None: written before layouts were named)
+    #: the prompt layout the segment was cut by (`kvrag.core.prompt`; None: not named)
     prompt_layout: str | None = Field(default=None, max_length=32)
-    #: the payload's per-read check (None: written before keyed tags; each chunk's SHA-256 is checked)
+    #: the payload's per-read check (None: each chunk's SHA-256 is checked)
     payload_seal: PayloadSeal | None = None
     signature: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 

@@ -2,8 +2,8 @@
 
 A state read from Redis or disk lands in a fresh buffer of its full size (tens to hundreds of MiB).
 Fresh anonymous memory is faulted in page by page as the bytes arrive, and the kernel zeroes every
-page first: measured on this project's 2-core VMs, filling 185 MiB of fresh memory took 185-200 ms,
-the same bytes written a second time 35-50 ms. So the memory of a read buffer is kept: each buffer
+page first, which costs several times what writing the same bytes into resident pages does. So the
+memory of a read buffer is kept: each buffer
 maps a region of a memory file (`memfd`) from a small pool, and once the buffer is gone (nothing
 holds it, or a tensor or view made from it, any longer) its region serves the next read of a like
 size, its pages still resident: mapping them again (`MAP_POPULATE`) costs no faults and no zeroing.

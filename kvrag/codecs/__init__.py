@@ -25,10 +25,6 @@ from kvrag.codecs.sliding import SlidingWindow
 from kvrag.errors import ModelError
 from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, buffer_of, key_value_buffer
 
-# transformers 5.23 announces a rename of `past_key_values` to `cache`, but its models' forward
-# signatures still take `past_key_values` (a `cache=` argument is silently ignored there).
-warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
-
 __all__ = ["LayerCodec", "FullAttention", "SlidingWindow", "CODECS", "StatePart", "GraftCache", "ReadyBuffers",
            "new_cache", "codecs_for", "extract", "install", "truncated"]
 

@@ -7,7 +7,7 @@ this hardware, its token ids are in the model's vocabulary, its key is the conte
 own tokens and parent, it sits at the position and after the chain it is needed at, it was
 verified at deposit, and each layer's entry fits its codec. Then the payload:
 each chunk by its keyed tag or AEAD tag (`kvrag.trust.payloads`; the SHA-256 digests of
-states written before those) as it arrives, and every tensor header against the manifest. A failed check raises the
+a manifest that names neither) as it arrives, and every tensor header against the manifest. A failed check raises the
 `StateError` whose `reason` the receipt will name.
 """
 

@@ -84,7 +84,7 @@ class Prefill:
     def end_streams(self, deadline: Any) -> dict[str, str | None]:
         """Wait (within `deadline`) for the streamed reads to end; each one's notes on the tiers
         that missed, by key. Its read's whole duration, overlapped with the forward, is its
-        restore time. Raises `StreamFailed` if a read ended badly: the forward is not used."""
+        restore time. Raises `StreamFailedError` if a read ended badly: the forward is not used."""
         notes = {}
         for stream in self.streams:
             stream.settle(deadline)

@@ -125,7 +125,7 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
 
 class _RecentIds:
     """The ids of recently tokenized documents: the same retrieved documents come back question
-    after question, and tokenizing 4,000 tokens of text costs about 10 ms. Bounded by the
+    after question, and tokenizing a long document costs a share of a graft's time. Bounded by the
     characters it holds; a tokenizer is deterministic, so a remembered answer is its answer."""
 
     MAX_CHARS = 16 * 1024 * 1024

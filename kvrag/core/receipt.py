@@ -26,11 +26,11 @@ from typing import Literal, Sequence, get_args
 from pydantic import BaseModel, ConfigDict
 
 from kvrag.core.sampling import Sampling
+from kvrag.errors import Reason
 
 __all__ = ["Mode", "Reason", "REASONS", "Source", "StateUse", "Timings", "Receipt", "mode_of"]
 
 Mode = Literal["exact-graft", "partial-graft", "text-prefill", "approximate-graft", "memo"]
-Reason = Literal["missing", "integrity", "signature", "foreign", "unavailable", "moved", "graft-off"]
 Source = Literal["graft", "text", "approximate"]
 REASONS: tuple[str, ...] = get_args(Reason)
 

@@ -8,7 +8,7 @@ from kvrag.core.acceptance import Restored, StateAcceptance
 from kvrag.core.prefill import Graftable
 from kvrag.core.schedule import Segment
 from kvrag.core.streaming import StreamedTensors, start_stream
-from kvrag.errors import StoreUnavailableError
+from kvrag.errors import StoreTimeoutError
 from kvrag.stores import Found, StateStore
 from kvrag.stores.deadline import Deadline
 
@@ -43,7 +43,7 @@ class Restorer:
         # to find whole in a later tier is grafted as it came, else the read's first error is raised.
         found = progress.ended(deadline)
         if found is None:
-            raise progress.failure or StoreUnavailableError("the state's read did not end within the question's deadline")
+            raise progress.failure or StoreTimeoutError("the state's read did not end within the question's deadline", key=segment.key)
         return Graftable(found.value.part, found.tier, found.notes)
 
     def chain(self, key: str | None, deadline: Deadline | None = None) -> list[Restored]:

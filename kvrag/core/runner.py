@@ -58,7 +58,7 @@ class ModelRunner:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         keep = torch.tensor([len(ids) - padding - 1], device=self.model.device) if padding else 1
         with torch.inference_mode():
-            out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+            out = self.model.hf_model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=keep)
         if padding:
             held += [None] * (len(cache.layers) - len(held))  # layers a lazy cache made just now
             for codec, layer, before in zip(self.codecs, cache.layers, held):
@@ -69,7 +69,7 @@ class ModelRunner:
         """One decoding step (one row, never padded: as a stock `model.generate` decodes)."""
         input_ids = torch.tensor([[token]], dtype=torch.long, device=self.model.device)
         with torch.inference_mode():
-            out = self.model.hf_model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = self.model.hf_model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
     def _padding(self, rows: int) -> int:
@@ -90,7 +90,7 @@ class ModelRunner:
         position_ids = torch.as_tensor(positions, dtype=torch.long, device=device).reshape(1, -1)
         with torch.inference_mode():
             out = self.model.hf_model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                                      past_key_values=cache, use_cache=True, logits_to_keep=1)
+                                      cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
     def sampler(self, sampling: Sampling | None = None) -> Sampler:

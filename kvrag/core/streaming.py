@@ -5,7 +5,7 @@ restore runs the store's checked read on a thread of its own; each chunk the sto
 threads open is noted here (`ChunkProgress`), and the question's forward, reaching layer i, asks
 for layer i's tensors (`StreamedTensors`), waiting only for the chunks that hold them. So the
 forward never sees an unchecked byte. If any chunk fails its check, or a second tier has to be
-read, the stream fails: the forward that was waiting raises `StreamFailed`, its cache is thrown
+read, the stream fails: the forward that was waiting raises `StreamFailedError`, its cache is thrown
 away, and the continuation is read again without streaming (the next tier or the text answers).
 """
 
@@ -21,21 +21,11 @@ import torch
 from kvrag.artifacts.digests import ChunkOpener, PayloadLayout
 from kvrag.artifacts.format import StateManifest, header_bytes, payload_plan, tensor_names, tensor_over
 from kvrag.core.acceptance import Restored
-from kvrag.errors import IntegrityError, KVRagError, StateError, StoreUnavailableError
+from kvrag.errors import IntegrityError, StateError, StoreTimeoutError, StoreUnavailableError, StreamFailedError
 from kvrag.stores import Checked, Found, StateStore
 from kvrag.stores.deadline import Deadline, submit_read
 
-__all__ = ["ChunkProgress", "StreamFailed", "StreamedTensors", "start_stream"]
-
-
-class StreamFailed(KVRagError):
-    """A streamed state failed after its graft began: the continuation is read again without
-    streaming. Not a `StateError`: no handler of one state's miss may take it for its own."""
-
-    def __init__(self, key: str, cause: StateError) -> None:
-        super().__init__(f"state {key[:12]} failed while streamed: {cause}")
-        self.key = key
-        self.cause = cause
+__all__ = ["ChunkProgress", "StreamedTensors", "start_stream"]
 
 
 class ChunkProgress:
@@ -114,7 +104,7 @@ class ChunkProgress:
         """Until `ready()` holds, or the read failed (its error, raised) or finished."""
         with self._cond:
             if not self._until(lambda: self.failure is not None or self.result is not None or ready(), deadline):
-                self._fail(StoreUnavailableError("the state did not arrive within the question's deadline"))
+                self._fail(StoreTimeoutError("the state did not arrive within the question's deadline"))
             if self.failure is not None:
                 raise self.failure
 
@@ -126,13 +116,13 @@ class ChunkProgress:
             return self.result
 
     def settle(self, deadline: Deadline | None) -> None:
-        """Wait for the read to end; `StreamFailed` unless it ended well."""
+        """Wait for the read to end; `StreamFailedError` unless it ended well."""
         try:
             self.wait(lambda: False, deadline)
         except StateError as e:
-            raise StreamFailed(self.key, e) from e
+            raise StreamFailedError(self.key, e) from e
         if self.result is None:  # ended by the deadline, with no failure recorded
-            raise StreamFailed(self.key, StoreUnavailableError("the state's read did not end within the deadline"))
+            raise StreamFailedError(self.key, StoreTimeoutError("the state's read did not end within the deadline"))
 
     @property
     def buffer(self) -> Any:
@@ -214,7 +204,7 @@ class StreamedTensors(Mapping[str, torch.Tensor]):
                 return progress.result.value.part.tensors[name]
             return tensor_over(progress.buffer, dtype, shape, begin, end)
         except StateError as e:
-            raise StreamFailed(self.key, e) from e
+            raise StreamFailedError(self.key, e) from e
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._names:

@@ -22,9 +22,8 @@ from kvrag.core.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import ModelRunner, logits_sha256
 from kvrag.core.schedule import Segment, StateRef
-from kvrag.core.streaming import StreamFailed
 from kvrag.core.whereabouts import Whereabouts
-from kvrag.errors import ModelError, StateError
+from kvrag.errors import ModelError, StateError, StreamFailedError
 from kvrag.reuse.approximate import moved_graft
 from kvrag.reuse.blend import blend_into
 from kvrag.reuse.prefixes import PrefixRecords, common_prefix
@@ -131,7 +130,7 @@ class Continuer:
                 elsewhere = self.whereabouts.describe(segment, deadline)
                 detail = f"{detail} {elsewhere}" if elsewhere else detail
             run.text(segment.ids)
-            uses.append(StateUse(**span, source="text", reason=reason, detail=detail))  # type: ignore[arg-type]
+            uses.append(StateUse(**span, source="text", reason=reason, detail=detail))
         return uses
 
     def _own_stored_run(self, context: Sequence[Segment], deadline: Deadline) -> int:
@@ -199,7 +198,7 @@ class Continuer:
             notes = run.end_streams(deadline)
             uses = [u.model_copy(update={"detail": notes[u.key]}) if u.source == "graft" and u.key in notes else u
                     for u in uses]
-        except StreamFailed:
+        except StreamFailedError:
             # a streamed state failed after its graft began: its cache is dropped and the whole
             # context read again, nothing streamed (what a later tier served whole is grafted as it
             # came; otherwise the next tier or the text answers for it)

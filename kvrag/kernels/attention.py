@@ -3,8 +3,8 @@ bits however the prompt was split into forward calls.
 
 With plain sdpa, a graft equals a fresh computation only *in the same segments*: the CPU flash
 kernel reduces over keys in blocks of 512 counted from the call's first key, its last block is as
-long as the call makes it (a product over fewer keys rounds otherwise: measured, 256 keys gave other
-bits than the same keys followed by zeros), and an elementwise `exp` takes a scalar tail that
+long as the call makes it (a product over fewer keys rounds otherwise than the same keys followed
+by zeros), and an elementwise `exp` takes a scalar tail that
 rounds otherwise than its vector path. So one pass over a whole prompt and the same prompt read in
 two parts differ in the last bits. This kernel calls the same flash kernel (torch's
 `scaled_dot_product_attention`, in the model's dtype) on a layout that fixes every block:
@@ -15,9 +15,9 @@ two parts differ in the last bits. This kernel calls the same flash kernel (torc
   places in every call, and blocks a row cannot see change nothing (their weights are exact zeros);
 - query rows are read in chunks of at most `QUERY_CHUNK`, each padded with copies of its last
   row so that no query block of the flash kernel holds fewer than `MIN_QUERY_ROWS` rows (it splits
-  rows into blocks of 32, 64 or 256; a block of 1 to 3 rows gave other bits than the same rows in a
-  block of 32, every count from 4 to 32 the same bits: measured, float32 and bfloat16, 1 and 2
-  threads), each chunk attending to the whole key blocks its rows can see (so a long read does not
+  rows into blocks of 32, 64 or 256, and a block of fewer than `MIN_QUERY_ROWS` rows rounds
+  otherwise than the same rows in a full block; `tests/unit/test_invariant.py` tries the counts),
+  each chunk attending to the whole key blocks its rows can see (so a long read does not
   weigh every key for every row);
 - a first read of a prompt (no cache, plain causal mask) is one causal call on the padded layout:
   the flash kernel skips the blocks past each row itself, and the blocks it does weigh are the ones

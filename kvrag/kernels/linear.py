@@ -3,20 +3,19 @@
 A CPU matrix product picks its kernel from the shape: a float32 `F.linear` (MKL's sgemm) gave a
 row other bits among fewer than ~12 rows than among more. Under the invariant kernel every linear
 layer (`nn.Linear`, GPT-2's `Conv1D`, the output layer) is computed by oneDNN's matrix product
-over a weight it reordered once (`torch.ops.mkldnn`, as torch's own CPU compiler does): measured
-on this machine, a row has the same bits read alone or among 2 to 1,100 rows, at 1 and 2 threads,
-for every width kvrag's models use, float32 and bfloat16 (`tests/unit/test_invariant.py` tries
-them), and it is 2-3x faster than `F.linear` in float32 here, about even in bfloat16
-(`benchmarks/linear_kernels.py`). A call with fewer than `ROW_BLOCK` rows is still padded with zero
-rows, dropped from its output (a single row differed for two widths).
+over a weight it reordered once (`torch.ops.mkldnn`, as torch's own CPU compiler does): a row
+has the same bits read alone or among many rows, at any thread count, for every width kvrag's
+models use, float32 and bfloat16 (`tests/unit/test_invariant.py` tries them; its speed against
+`F.linear` is `benchmarks/linear_kernels.py`'s). A call with fewer than `ROW_BLOCK` rows is still
+padded with zero rows, dropped from its output, because a single row can round otherwise.
 
 The reordered weight is a second copy of each layer's weight (made at load), made again whenever
 the weight changes through torch (its address, version counter or dtype: an in-place update,
 `load_state_dict`, `.to(dtype)`; a write through `.data`, or into a weight made under
 `torch.inference_mode`, which keeps no version counter, is not seen). Off the CPU, where torch
 has no oneDNN, or where oneDNN has no product for the dtype on this CPU (bfloat16 without AVX512),
-a layer runs its own forward fed at least `ROW_BLOCK` rows (the previous arithmetic, named otherwise
-in the fingerprint: see `linear_kernel`).
+a layer runs its own forward fed at least `ROW_BLOCK` rows (another arithmetic, named otherwise in
+the fingerprint: see `linear_kernel`).
 """
 
 from __future__ import annotations

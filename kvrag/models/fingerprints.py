@@ -76,7 +76,7 @@ class HardwareFingerprint(_Fingerprint):
     compute_capability: str | None
     blas: list[str]
     #: torch's thread count, where the bits depend on it; None where they do not (the invariant
-    #: kernel: measured byte-identical at 1 and 2 threads), so states move between core counts
+    #: kernel: tested byte-identical at 1 and 2 threads), so states move between core counts
     num_threads: int | None
     deterministic_algorithms: bool
 

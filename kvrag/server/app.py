@@ -122,7 +122,7 @@ class ServeSettings(BaseModel):
 
     def torch_threads(self) -> int:
         """Workers on one machine must not oversubscribe its cores: threads fighting over cores
-        made each forward many times slower here."""
+        slow every forward down."""
         return self.threads or max(1, (os.cpu_count() or 1) // (self.workers * self.concurrency))
 
 

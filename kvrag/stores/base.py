@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
 from kvrag.artifacts.digests import CHUNK_BYTES, PayloadLayout
-from kvrag.errors import IntegrityError, StateError, StateNotFoundError, StoreError, StoreUnavailableError
+from kvrag.errors import (
+    IntegrityError,
+    StateError,
+    StateNotFoundError,
+    StoreError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 from kvrag.stores.deadline import Breaker, Deadline, bounded
 
 __all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Checked", "ManifestCheck", "PayloadLayout", "Found", "check_key", "check_blob_name",
@@ -99,12 +106,13 @@ class Found(Generic[T]):
     value: T
     tier: str
     stored: StoredState = field(repr=False)
-    misses: tuple[tuple[str, StateError], ...] = ()
+    #: the errors of the hotter tiers that did not serve it (each names its `tier`)
+    misses: tuple[StateError, ...] = ()
 
     @property
     def notes(self) -> str | None:
         """The misses as one line for a receipt (None when the hottest tier served it)."""
-        return "; ".join(f"{url}: {e.reason}: {e}" for url, e in self.misses) or None
+        return "; ".join(f"{e.tier}: {e.reason}: {e}" for e in self.misses) or None
 
 
 class Guarded:
@@ -127,17 +135,21 @@ class Guarded:
         """`fn()` unless the breaker is open, waited for until `deadline`; a timeout or a store
         failure opens the breaker and is a `StoreUnavailableError`."""
         if self.breaker.is_open:
-            raise StoreUnavailableError(f"{self.url} skipped: {self.breaker.why}")
+            raise StoreUnavailableError(f"{self.url} skipped: {self.breaker.why}", tier=self.url)
         if deadline is not None and deadline.expired:  # spent by other tiers: not this tier's fault
-            raise StoreUnavailableError(f"{what}: the question's {deadline.seconds:g} s for store reads was spent")
+            raise StoreTimeoutError(f"{what}: the question's {deadline.seconds:g} s for store reads was spent",
+                                    tier=self.url)
         try:
             return bounded(fn, deadline, what)
-        except StoreUnavailableError as e:
+        except StoreTimeoutError as e:
             self.breaker.trip(f"timed out at {time.strftime('%H:%M:%S')}: {e}")
-            raise
+            raise e.located(tier=self.url)
+        except StoreUnavailableError as e:
+            self.breaker.trip(f"failed at {time.strftime('%H:%M:%S')}: {e}")
+            raise e.located(tier=self.url)
         except StoreError as e:
             self.breaker.trip(f"failed at {time.strftime('%H:%M:%S')}: {e}")
-            raise StoreUnavailableError(str(e)) from e
+            raise StoreUnavailableError(str(e), tier=self.url) from e
 
 
 class StateStore(Guarded, ABC):
@@ -211,11 +223,11 @@ class StateStore(Guarded, ABC):
 
         try:
             return self.guarded(read_and_check, deadline, f"reading {key[:12]} from {self.url}")
-        except StateError:
-            raise
+        except StateError as e:
+            raise e.located(key, self.url)
         except UNTRUSTED_PARSE_ERRORS as e:
             raise IntegrityError(f"state {key[:12]} in {self.url} does not parse: {type(e).__name__}: "
-                                 f"{str(e)[:200]}") from e
+                                 f"{str(e)[:200]}", key=key, tier=self.url) from e
 
     def __contains__(self, key: str) -> bool:
         return self.read_manifest(key) is not None

@@ -17,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from functools import lru_cache
 from typing import Callable, TypeVar
 
-from kvrag.errors import StoreUnavailableError
+from kvrag.errors import StoreTimeoutError
 
 __all__ = ["Deadline", "Breaker", "DEFAULT_DEADLINE_S", "BREAKER_COOLDOWN_S", "BREAKER_PROBE_S", "BREAKER_PROBE_WAIT_S",
            "bounded", "submit_read"]
@@ -167,10 +167,10 @@ def bounded(fn: Callable[[], T], deadline: Deadline | None, what: str) -> T:
     if deadline is None:
         return fn()
     if deadline.expired:
-        raise StoreUnavailableError(f"{what}: the question's {deadline.seconds:g} s for store reads was spent")
+        raise StoreTimeoutError(f"{what}: the question's {deadline.seconds:g} s for store reads was spent")
     future = submit_read(fn)
     try:
         return future.result(timeout=deadline.remaining())
     except FutureTimeout:
         future.cancel()
-        raise StoreUnavailableError(f"{what}: no answer within the question's {deadline.seconds:g} s deadline") from None
+        raise StoreTimeoutError(f"{what}: no answer within the question's {deadline.seconds:g} s deadline") from None

@@ -77,18 +77,18 @@ class TieredStore(StateStore, BlobStore):
         """The first copy that passes `check`, tier by tier, all within `deadline`; it is then
         written into the hotter tiers that missed. Raises the most telling `StateError` when no
         tier has a good copy."""
-        misses: list[tuple[str, StateError]] = []
+        misses: list[StateError] = []
         for index, tier in enumerate(self.tiers):
             try:
                 found = tier.fetch(key, check, deadline)
             except StateError as e:
-                misses.append((tier.url, e))
+                misses.append(e.located(key, tier.url))
                 continue
             self._promote(key, found.stored, self.tiers[:index])
             return Found(found.value, found.tier, found.stored, tuple(misses))
-        telling = [e for _, e in misses if not isinstance(e, StateNotFoundError)] or [e for _, e in misses]
-        detail = "; ".join(f"{url}: {e}" for url, e in misses) if len(misses) > 1 else str(telling[0])
-        raise type(telling[0])(detail) from telling[0]
+        telling = [e for e in misses if not isinstance(e, StateNotFoundError)] or misses
+        detail = "; ".join(f"{e.tier}: {e}" for e in misses) if len(misses) > 1 else str(telling[0])
+        raise type(telling[0])(detail, key=key, tier=telling[0].tier) from telling[0]
 
     def _promote(self, key: str, stored: StoredState, hotter: Sequence[StateStore]) -> None:
         if not hotter:

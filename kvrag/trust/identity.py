@@ -42,7 +42,7 @@ class EngineIdentity:
     def of(cls, model: ModelFingerprint, device: torch.device | str, signing_key: bytes, namespace: str) -> "EngineIdentity":
         """The identity of an engine running `model` on `device` now (this thread's torch settings).
         Under the invariant kernel the thread count is left out: its bits do not depend on it
-        (measured, `tests/unit/test_fingerprints.py`), so a fleet of other core counts shares states."""
+        (`tests/unit/test_fingerprints.py` tries it), so a fleet of other core counts shares states."""
         threads_matter = not model.attn_implementation.startswith("invariant")
         hardware = hardware_fingerprint(device, threads_matter=threads_matter)
         scope = key_scope(signing_key, model.digest, hardware.digest, namespace)

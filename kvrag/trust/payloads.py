@@ -143,7 +143,7 @@ def seal_payload(plain: Any, signing_key: bytes, state_key: str, chunk_bytes: in
 
 def layout_of(manifest: StateManifest, signing_key: bytes) -> PayloadLayout:
     """How a reader holding `signing_key` checks the manifest's payload: by its keyed tags, by its
-    AEAD, or (a state written before either) by its chunks' SHA-256 digests."""
+    AEAD, or (a manifest that names neither) by its chunks' SHA-256 digests."""
     seal = manifest.payload_seal
     base = manifest.layout
     if seal is None:

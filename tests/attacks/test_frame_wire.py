@@ -84,13 +84,13 @@ def test_any_reply_is_a_frame_a_miss_or_a_typed_error(reply):
 
 
 def test_a_cluster_redirection_is_its_own_error():
-    from kvrag.stores.redis.wire import Redirected
+    from kvrag.errors import RedirectError
 
     connection, thread = answer(b"-MOVED 3999 127.0.0.1:7002\r\n")
     try:
         try:
             connection.get_into("k", memoryview(bytearray(FRAME)))
-        except Redirected:
+        except RedirectError:
             pass
         else:
             raise AssertionError("a MOVED reply was taken for a frame")

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from kvrag import KVEngine, StoreError
-from kvrag.errors import IntegrityError
-from kvrag.stores.redis.wire import FrameConnection, Redirected
+from kvrag.errors import IntegrityError, RedirectError
+from kvrag.stores.redis.wire import FrameConnection
 from kvrag.testing import RedisServer
 
 from ..conftest import DOC_A, QUESTION, tiny
@@ -69,7 +69,7 @@ def _one_reply_server(reply: bytes) -> tuple[socket.socket, int]:
     (b"-LOADING Redis is loading the dataset in memory\r\n", StoreError),
     (b"-NOAUTH Authentication required.\r\n", StoreError),
     (b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.\r\n", StoreError),
-    (b"-MOVED 3999 a-cluster-node-with-a-rather-long-host-name.internal.example.com:6379\r\n", Redirected),
+    (b"-MOVED 3999 a-cluster-node-with-a-rather-long-host-name.internal.example.com:6379\r\n", RedirectError),
     (b"-ERR " + b"x" * 5000 + b"\r\n", IntegrityError),  # longer than any error line: not read on
     (b"$" + b"9" * 40 + b"\r\n", IntegrityError),  # a bulk header no frame has
 ])
@@ -80,7 +80,7 @@ def test_error_replies_of_any_length_are_read_as_what_they_are(reply, error):
         with pytest.raises(error) as raised:
             connection.get_into("kvrag:{k}:f:0", memoryview(bytearray(16)))
         if error is StoreError:
-            assert not isinstance(raised.value, (IntegrityError, Redirected))
+            assert not isinstance(raised.value, (IntegrityError, RedirectError))
             assert "cannot serve now" in str(raised.value) and reply[1:20].decode() in str(raised.value)
         connection.close()
     finally:

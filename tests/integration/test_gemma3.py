@@ -57,7 +57,7 @@ def _stock_logits(model, pieces: list[list[int]]) -> torch.Tensor:
     cache = DynamicCache(config=model.hf_model.config)
     with torch.inference_mode():
         for ids in pieces:
-            out = model.hf_model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model.hf_model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
     return out.logits[0, -1]
 
 
@@ -97,7 +97,7 @@ def test_a_three_document_chain_crossing_the_window_equals_from_scratch(gemma, e
     segments = engine.plan(documents)
     for segment in segments:  # every stored state = the bytes a from-scratch stock run holds there
         with torch.inference_mode():
-            gemma.hf_model(input_ids=torch.tensor([segment.ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            gemma.hf_model(input_ids=torch.tensor([segment.ids]), cache=cache, use_cache=True, logits_to_keep=1)
         _, tensors = extract(engine.runner.codecs, cache, segment.start, segment.end)
         stored = parse_manifest(engine.store.read_manifest(segment.key))
         assert sha256_hex(encode_payload(tensors)) == stored.payload_sha256

@@ -63,3 +63,35 @@ def test_a_damaged_state_file_is_refused(tmp_path):
     path.write_bytes(b"garbage")
     receipt = engine.generate(QUESTION, states=[ref], max_new_tokens=2).receipt
     assert receipt.mode == "text-prefill" and receipt.states[0].reason == "integrity"
+
+
+def test_a_state_error_names_its_key_and_the_tier_that_refused_it(tmp_path):
+    from kvrag import IntegrityError, StateNotFoundError
+
+    disk = f"disk://{tmp_path}"
+    engine = KVEngine(tiny("llama"), disk)
+    absent = engine.ref("A document nobody deposited.")
+    with pytest.raises(StateNotFoundError) as missing:
+        engine.restore(absent)
+    assert (missing.value.key, missing.value.tier, missing.value.reason) == (absent.key, disk, "missing")
+    ref = engine.deposit(DOC_A)
+    path = next(tmp_path.rglob("*.kvstate"))
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(IntegrityError) as damaged:
+        engine.restore(ref)
+    assert (damaged.value.key, damaged.value.tier, damaged.value.reason) == (ref.key, disk, "integrity")
+
+
+def test_a_read_past_its_deadline_is_a_store_timeout_error():
+    import threading
+
+    from kvrag import StoreTimeoutError, StoreUnavailableError
+    from kvrag.stores.deadline import Deadline, bounded
+
+    release = threading.Event()
+    try:
+        with pytest.raises(StoreTimeoutError) as late:
+            bounded(lambda: release.wait(30), Deadline(0.05), "a read that never ends")
+    finally:
+        release.set()
+    assert isinstance(late.value, StoreUnavailableError) and late.value.reason == "unavailable"

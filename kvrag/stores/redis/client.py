@@ -17,11 +17,11 @@ from typing import Any, Callable, Iterator
 
 from kvrag.artifacts.digests import stored_form
 from kvrag.artifacts.format import parse_manifest
-from kvrag.errors import IntegrityError, StoreError
+from kvrag.errors import IntegrityError, RedirectError, StoreError
 from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
 from kvrag.stores.deadline import Breaker
 from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameLayout, make_layout, parse_layout
-from kvrag.stores.redis.wire import FramePool, Redirected
+from kvrag.stores.redis.wire import FramePool
 
 __all__ = ["RedisStore"]
 
@@ -161,11 +161,11 @@ class RedisStore(StateStore, BlobStore):
         if self.frame_pool is not None and keys:
             try:
                 return self._read_direct(keys, assembler, manifest, checked)
-            except Redirected:  # the slot moved: redis-py follows it (and refreshes its map) below
+            except RedirectError:  # the slot moved: redis-py follows it (and refreshes its map) below
                 assembler = Assembler(record, self.max_state_bytes, layout)
         # Frames are checked on the hashing threads while the next one is on the wire. One frame per
-        # request measured fastest here: a multi-frame reply makes the server buffer, and the parser
-        # grow, tens of megabytes at once.
+        # request by default: a multi-frame reply makes the server buffer, and the parser grow, tens of
+        # megabytes at once.
         for i in range(0, len(keys), self.frames_per_mget):
             if not assembler.add(self._call("MGET frames", fetch, keys[i : i + self.frames_per_mget])):
                 return None
@@ -188,7 +188,7 @@ class RedisStore(StateStore, BlobStore):
                 for index in range(start, len(keys), lanes):
                     try:
                         found = connection.get_into(keys[index], assembler.slot(index))
-                    except Redirected:
+                    except RedirectError:
                         raise
                     except StoreError:
                         if not connection.reused:
@@ -204,7 +204,7 @@ class RedisStore(StateStore, BlobStore):
                     assembler.received(index)
                 healthy = True
                 return True
-            except Redirected:
+            except RedirectError:
                 raise
             except StoreError as e:
                 self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")

@@ -19,9 +19,9 @@ import socket
 import threading
 from typing import Any
 
-from kvrag.errors import IntegrityError, StoreError
+from kvrag.errors import IntegrityError, RedirectError, StoreError
 
-__all__ = ["FrameConnection", "FramePool", "Redirected"]
+__all__ = ["FrameConnection", "FramePool"]
 
 _MAX_HEADER = 32  # "$" + up to 20 digits + CRLF
 _MAX_ERROR = 4096  # an error reply line ("-MOVED 1234 a-long-host-name:6379", "-LOADING ...")
@@ -29,11 +29,6 @@ _MAX_ERROR = 4096  # an error reply line ("-MOVED 1234 a-long-host-name:6379", "
 #: an outage the breaker counts, never a verdict on the stored bytes
 _UNAVAILABLE = (b"-LOADING", b"-NOAUTH", b"-BUSY", b"-TRYAGAIN", b"-CLUSTERDOWN", b"-MASTERDOWN", b"-READONLY",
                 b"-WRONGPASS", b"-NOPERM")
-
-
-class Redirected(StoreError):
-    """The cluster node no longer serves the key's slot (`MOVED`/`ASK`): redis-py, which follows
-    redirections and refreshes its slot map, reads it instead."""
 
 
 class FrameConnection:
@@ -105,7 +100,7 @@ class FrameConnection:
             self._send("GET", name)
             line = self._line()
             if line.startswith((b"-MOVED ", b"-ASK ")):
-                raise Redirected(f"Redis redirected the read: {line[1:300].decode(errors='replace')}")
+                raise RedirectError(f"Redis redirected the read: {line[1:300].decode(errors='replace')}")
             if line.startswith(_UNAVAILABLE):
                 raise StoreError(f"Redis cannot serve now: {line[1:300].decode(errors='replace')}")
             if line.startswith(b"-"):
