@@ -8,7 +8,6 @@ the forward first reaches it. A new kind of layer is one new codec module, added
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence

@@ -143,10 +143,12 @@ class Guarded:
             return bounded(fn, deadline, what)
         except StoreTimeoutError as e:
             self.breaker.trip(f"timed out at {time.strftime('%H:%M:%S')}: {e}")
-            raise e.located(tier=self.url)
+            e.located(tier=self.url)
+            raise
         except StoreUnavailableError as e:
             self.breaker.trip(f"failed at {time.strftime('%H:%M:%S')}: {e}")
-            raise e.located(tier=self.url)
+            e.located(tier=self.url)
+            raise
         except StoreError as e:
             self.breaker.trip(f"failed at {time.strftime('%H:%M:%S')}: {e}")
             raise StoreUnavailableError(str(e), tier=self.url) from e
@@ -224,7 +226,8 @@ class StateStore(Guarded, ABC):
         try:
             return self.guarded(read_and_check, deadline, f"reading {key[:12]} from {self.url}")
         except StateError as e:
-            raise e.located(key, self.url)
+            e.located(key, self.url)
+            raise
         except UNTRUSTED_PARSE_ERRORS as e:
             raise IntegrityError(f"state {key[:12]} in {self.url} does not parse: {type(e).__name__}: "
                                  f"{str(e)[:200]}", key=key, tier=self.url) from e
