@@ -6,12 +6,14 @@ from kvrag.apps.frameworks import (
     RECEIPT_KEY,
     STATE_KEY,
     STATE_METADATA_KEYS,
+    EngineOpener,
     Retrieved,
     StateRetrieval,
+    call_options,
     states_for,
 )
 from kvrag.apps.library import Library
 from kvrag.apps.verify import VerifyReport, verify_model
 
 __all__ = ["STATE_KEY", "FINGERPRINT_KEY", "RECEIPT_KEY", "STATE_METADATA_KEYS", "Retrieved", "StateRetrieval",
-           "states_for", "Library", "VerifyReport", "verify_model"]
+           "states_for", "EngineOpener", "call_options", "Library", "VerifyReport", "verify_model"]

@@ -1,21 +1,24 @@
-"""What every framework adapter shares: stamping retrieved documents with their verified states,
-searching a small in-memory corpus when no retriever is wrapped, and turning what a framework
-hands back (text plus state key) into `generate` input. The adapters (`langchain_kvrag`,
+"""What every framework adapter shares: the engine it runs on (`EngineOpener`), a call's options
+(`call_options`), stamping retrieved documents with their verified states, searching a small
+in-memory corpus when no retriever is wrapped, and turning what a framework hands back (text plus
+state key) into `generate` input. The adapters (`langchain_kvrag`,
 `llama_index.*.kvrag`) only translate their framework's types to and from these.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from kvrag.core.options import GenerationOptions
 from kvrag.core.schedule import StateRef
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
 
 __all__ = ["STATE_KEY", "FINGERPRINT_KEY", "RECEIPT_KEY", "STATE_METADATA_KEYS", "Retrieved", "StateRetrieval",
-           "states_for"]
+           "states_for", "EngineOpener", "call_options"]
 
 #: Metadata key holding a document's state key (a JSON-safe hex string, never a live object).
 STATE_KEY = "kvrag_state_key"
@@ -67,3 +70,37 @@ def states_for(engine: KVEngine, documents: Iterable[tuple[str, str | None]]) ->
     """`generate` input for documents a framework hands back as (text, state key or None): the
     engine's own ref where the key is its own, else the text (found by content where stored)."""
     return [engine.resolve(text, key or "") for text, key in documents]
+
+
+class EngineOpener:
+    """The engine an adapter runs on: the one it was given, or one opened on first use (never in
+    the adapter's constructor) from a model name and store URL, once, even when several threads
+    ask at the same time (a framework's `batch`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._opened: KVEngine | None = None
+
+    def engine(self, given: KVEngine | None, model: str, store: str | None = None, *, dtype: str | None = None,
+               attn: str | None = None) -> KVEngine:
+        if given is not None:
+            return given
+        with self._lock:
+            if self._opened is None:
+                self._opened = KVEngine.open(model, store, dtype=dtype, attn=attn)
+        return self._opened
+
+
+#: the keyword arguments of a framework call that override an adapter's options (OpenAI's and kvrag's names)
+_CALL_OPTIONS = ("stop", "temperature", "top_p", "top_k", "seed")
+
+
+def call_options(defaults: GenerationOptions, call: Mapping[str, Any]) -> GenerationOptions:
+    """An adapter's options (`defaults`, from its fields) overridden by one call's keyword
+    arguments: `max_new_tokens` or OpenAI's `max_tokens`, and `stop`, `temperature`, `top_p`,
+    `top_k`, `seed` where given (not None). Other arguments are the framework's own."""
+    changes: dict[str, Any] = {name: call[name] for name in _CALL_OPTIONS if call.get(name) is not None}
+    limit = call.get("max_new_tokens", call.get("max_tokens"))
+    if limit is not None:
+        changes["max_new_tokens"] = int(limit)
+    return defaults.replace(**changes)

@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterable
 from pydantic import BaseModel
 
 from kvrag.core.decoding import Generation
-from kvrag.core.protocol import Engine
+from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
-from kvrag.reuse.memo import Memo, Provenance
+from kvrag.reuse.memo import Provenance
 
 __all__ = ["LibraryEntry", "AddReport", "Library", "ends_with_answer", "load_verifier"]
 
@@ -65,7 +65,7 @@ def solution_document(problem: str, solution: str) -> str:
 
 
 class Library:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: KVEngine) -> None:
         self.engine = engine
 
     @staticmethod
@@ -100,7 +100,7 @@ class Library:
                 continue
             provenance = Provenance(kind="checker", by=verifier_name)
             ref = self.engine.ensure(solution_document(problem, solution))
-            Memo(self.engine).memoize_text(problem, solution, provenance=provenance, decode_suffix=answer)
+            self.engine.memo.memoize_text(problem, solution, provenance=provenance, decode_suffix=answer)
             entry = LibraryEntry(id=entry_id, problem=problem, solution=solution, answer=answer, state_key=ref.key, provenance=provenance)
             self.engine.records.put(self._name(entry_id), entry.model_dump_json().encode())
             report.added.append(entry_id)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import List, Literal, Optional
+from typing import TYPE_CHECKING, List, Literal, Optional
 
 import typer
 
 from kvrag.cli.common import ATTN, DEADLINE, DTYPE, MODEL, SIGNING_KEY_FILE, Attn, Dtype, err, fail
+
+if TYPE_CHECKING:
+    from kvrag.server.settings import ServeSettings
 
 EXAMPLE = """Examples:
 
@@ -78,43 +81,61 @@ def register(app: typer.Typer) -> None:
         import uvicorn
 
         from kvrag.server.app import SETTINGS_ENV, ServeSettings
-        from kvrag.trust.signing import KEY_FILE_ENV, read_key_file, warn_if_unshared
-        from kvrag.trust.tenants import check_namespace
 
         try:
-            if signing_key_file:  # the workers read it from the environment they inherit
-                read_key_file(signing_key_file)
-                os.environ[KEY_FILE_ENV] = os.path.abspath(os.path.expanduser(signing_key_file))
+            _share_signing_key(signing_key_file)
             settings = ServeSettings(model=model, store=store, dtype=dtype, attn=attn, hot_mib=hot_mib,
                                      concurrency=concurrency, queue=queue, max_tokens=max_tokens,
                                      served_name=served_name, threads=threads, workers=workers,
                                      api_keys=read_api_keys(api_key, api_key_file), open_health=open_health,
                                      **({} if deadline is None else {"deadline_s": deadline}))
-            for entry in settings.api_keys:
-                check_namespace(entry.tenant)
-            if store:
-                from kvrag.stores import open_store
-
-                opened = open_store(settings.store_url())  # a bad URL fails here, once, not in every worker
-                shared = [tier.url for tier in opened.tiers]
-                opened.close()
-                warning = warn_if_unshared(None, shared)
-                if warning:
-                    err.print(f"kvrag serve: WARNING: {warning}", soft_wrap=True, highlight=False)
+            _check(settings)
         except Exception as e:  # noqa: BLE001 - a pydantic or store error, said in one line
             fail(e)
-        if settings.api_keys:
-            tenants = sorted({k.tenant or "(the server's own)" for k in settings.api_keys})
-            err.print(f"kvrag serve: {len(settings.api_keys)} API keys for {len(tenants)} tenants: {', '.join(tenants)}")
-        elif host in ("127.0.0.1", "localhost", "::1"):
-            err.print(f"kvrag serve: no --api-key, so listening on {host} only (loopback): anyone on this machine "
-                      "can read and write the store through it")
-        else:
-            err.print(f"kvrag serve: WARNING: no --api-key and listening on {host}: anyone who can reach port {port} "
-                      "can read and write the store through this server; start it with --api-key")
+        _say_who_gets_in(settings, host, port)
         os.environ[SETTINGS_ENV] = settings.model_dump_json()
         if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kvrag-metrics-")
         uvicorn.run("kvrag.server.app:app_from_environment", factory=True, host=host, port=port, workers=workers,
                     timeout_graceful_shutdown=grace or None, log_level=log_level,
                     timeout_worker_healthcheck=60)  # a worker busy in a long prefill is not a dead one
+
+
+def _share_signing_key(signing_key_file: str | None) -> None:
+    """The workers read the key file from the environment they inherit (checked here, once)."""
+    from kvrag.trust.signing import KEY_FILE_ENV, read_key_file
+
+    if signing_key_file:
+        read_key_file(signing_key_file)
+        os.environ[KEY_FILE_ENV] = os.path.abspath(os.path.expanduser(signing_key_file))
+
+
+def _check(settings: "ServeSettings") -> None:
+    """Refuse bad tenant names and a store URL that does not open, here, once, not in every worker;
+    warn when a shared store would be written under a key generated on this machine."""
+    from kvrag.trust.signing import warn_if_unshared
+    from kvrag.trust.tenants import check_namespace
+
+    for entry in settings.api_keys:
+        check_namespace(entry.tenant)
+    if settings.store:
+        from kvrag.stores import open_store
+
+        opened = open_store(settings.store_url())
+        shared = [tier.url for tier in opened.tiers]
+        opened.close()
+        warning = warn_if_unshared(None, shared)
+        if warning:
+            err.print(f"kvrag serve: WARNING: {warning}", soft_wrap=True, highlight=False)
+
+
+def _say_who_gets_in(settings: "ServeSettings", host: str, port: int) -> None:
+    if settings.api_keys:
+        tenants = sorted({k.tenant or "(the server's own)" for k in settings.api_keys})
+        err.print(f"kvrag serve: {len(settings.api_keys)} API keys for {len(tenants)} tenants: {', '.join(tenants)}")
+    elif host in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"kvrag serve: no --api-key, so listening on {host} only (loopback): anyone on this machine "
+                  "can read and write the store through it")
+    else:
+        err.print(f"kvrag serve: WARNING: no --api-key and listening on {host}: anyone who can reach port {port} "
+                  "can read and write the store through this server; start it with --api-key")

@@ -41,7 +41,7 @@ class Continuation:
     blend: float | None = None  # move refs deposited elsewhere and recompute this share of their tokens
     rerotate: bool = True  # moved keys re-rotated to their new positions (False only to measure the harm)
     notes: Sequence[str] = ()  # said in the receipt (e.g. why a blend asked for was refused)
-    any_boundary: bool = False  # graft the longest stored prefix first, wherever it ends (`kvrag.reuse.prefixes`)
+    any_boundary: bool = False  # graft the longest stored prefix first, wherever it ends (`kvrag.core.prefixes`)
     layout: str = ""  # how the prompt was laid out, said in the receipt (see `Receipt.layout`)
 
     @property

@@ -90,6 +90,10 @@ class PromptLayout:
         prefix_text, suffix_text = _split_template(tokenizer, system_prompt)
         return cls(tokenizer, _ids(tokenizer, prefix_text), _ids(tokenizer, suffix_text), stop, "chat")
 
+    def tokenize(self, text: str) -> list[int]:
+        """`text`'s token ids, without special tokens."""
+        return _ids(self.tokenizer, text)
+
     def document_ids(self, text: str) -> list[int]:
         """The ids of one document's segment (without the prefix)."""
         if not text or not text.strip():

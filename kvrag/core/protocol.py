@@ -1,6 +1,6 @@
-"""What the features built on an engine need of it: its identity, its planner and layout, its
-sealed records, deposits, checks, and running a continuation. `KVEngine` is one; memo, the blend
-gate, the reuse levers, the library and the A/B harness depend on this, not on the engine class.
+"""What the applications built on an engine need of it: its identity, its planner and layout, its
+sealed records, deposits, checks, and running a continuation. `KVEngine` is one; the reuse levers,
+the library and the A/B harness depend on this, not on the engine class.
 """
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from typing_extensions import TypedDict, Unpack
+from typing_extensions import Unpack
 
 from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream
+from kvrag.core.options import GenerationOptions, GenerationSettings
 from kvrag.core.prompt import PromptLayout
 from kvrag.core.schedule import Planner, Segment, StateRef
 from kvrag.models.loading import LoadedModel
@@ -20,7 +21,7 @@ from kvrag.stores.deadline import Deadline
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
 
-__all__ = ["Engine", "AskOptions", "ChatOptions", "BlendLimits"]
+__all__ = ["Engine", "BlendLimits"]
 
 
 @dataclass(frozen=True)
@@ -31,36 +32,6 @@ class BlendLimits:
 
     max_mean_kl: float = 0.1
     min_agreement: float = 0.8
-
-
-class ChatOptions(TypedDict, total=False):
-    """The options of `KVEngine.stream_chat` and `KVEngine.chat` (see `stream_chat`)."""
-
-    max_new_tokens: int
-    stop: Sequence[str] | None
-    graft: bool
-    deposit_missing: bool
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-
-
-class AskOptions(TypedDict, total=False):
-    """The options of `KVEngine.stream` and `KVEngine.generate` (see `stream`)."""
-
-    states: Sequence[StateRef | str] | None
-    max_new_tokens: int
-    stop: Sequence[str] | None
-    graft: bool
-    approximate: bool
-    deposit_missing: bool
-    memo: bool
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    blend: bool | float
 
 
 class Engine(Protocol):
@@ -99,7 +70,8 @@ class Engine(Protocol):
     def run(self, continuation: Continuation) -> GenerationStream:
         """Run a continuation."""
 
-    def generate(self, query: str, **options: Unpack[AskOptions]) -> Generation:
+    def generate(self, query: str, *, states: Sequence[StateRef | str] | None = None,
+                 options: GenerationOptions | None = None, **settings: Unpack[GenerationSettings]) -> Generation:
         """Answer `query` (see `KVEngine.stream`)."""
 
     def tokenize(self, text: str) -> list[int]:

@@ -17,6 +17,7 @@ from kvrag.core.acceptance import Restored
 from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream, TextDecoder
 from kvrag.core.prefill import Graftable, Prefill
+from kvrag.core.prefixes import PrefixRecords, common_prefix
 from kvrag.core.prompt import PromptLayout
 from kvrag.core.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.core.restore import Restorer
@@ -26,7 +27,6 @@ from kvrag.core.whereabouts import Whereabouts
 from kvrag.errors import ModelError, StateError, StreamFailedError
 from kvrag.reuse.approximate import moved_graft
 from kvrag.reuse.blend import blend_into
-from kvrag.reuse.prefixes import PrefixRecords, common_prefix
 from kvrag.stores import Found
 from kvrag.stores.deadline import Deadline
 from kvrag.trust.identity import EngineIdentity
@@ -75,63 +75,68 @@ class Continuer:
                 uses.append(StateUse(key=segment.key, start=covered, end=segment.end, source="text", reason="missing",
                                      detail=f"read as text from {covered}, where the longest stored prefix ends"))
                 continue
-            req = c.requested[index] if c.requested else None
-            # A ref made in another scope (signing key, namespace, hardware) is `foreign`; one of this
-            # scope with another key was deposited at another position or after another chain: `moved`.
-            other_scope = isinstance(req, StateRef) and bool(req.scope) and req.scope != self.identity.scope_id
-            moved = isinstance(req, StateRef) and req.key != segment.key and not other_scope
-            span: dict[str, Any] = {"key": segment.key, "start": segment.start, "end": segment.end,
-                                    "requested_key": req.key if isinstance(req, StateRef) and req.key != segment.key else None}
-            if not c.graft:
-                run.text(segment.ids)
-                uses.append(StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation"))
-                continue
-            try:
-                found = read.get(segment.key)
-                grafted = run.graft(lambda: Graftable(found.value.part, found.tier, found.notes) if found is not None
-                                    else self.restorer.graftable(segment, deadline, stream=stream))
-                uses.append(StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes))
-                continue
-            except StateError as e:
-                if c.memo and index == len(c.context) - 1:
-                    raise
-                reason, detail = e.reason, str(e)
-            if other_scope:
-                reason, detail = "foreign", (
-                    f"state {req.key[:12]} was deposited in another scope (another signing key, namespace or "
-                    f"hardware) than this engine's; this engine's own state for the text: {detail}"
-                )
-            if moved:
-                reason, detail = "moved", (
-                    f"state {req.key[:12]} was deposited at positions {req.start}..{req.end} after "
-                    f"{'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; it is needed "
-                    f"at {segment.start}..{segment.end}. {detail}"
-                )
-                if c.approximate or c.blend is not None:
-                    try:
-                        doc_ids = self.layout.document_ids(segment.text)
-
-                        def moved() -> Graftable:
-                            return moved_graft(self.runner.model.hf_model, self.runner.codecs,
-                                               self.restorer.fetch(req.key, None, deadline), doc_ids, segment,
-                                               rerotate=c.rerotate)
-
-                        if c.blend is not None:
-                            grafted, count = blend_into(run, moved, doc_ids, c.blend)
-                            detail += f" Moved and blended: {count} of {len(doc_ids)} tokens recomputed."
-                        else:
-                            grafted = run.graft(moved)
-                        uses.append(StateUse(**span, source="approximate", tier=grafted.tier, reason=reason,
-                                             detail=detail))
-                        continue
-                    except StateError as e:
-                        detail += f" Not moved either: {e}"
-            if reason == "missing" and self.whereabouts is not None:  # say what is stored for it under other settings
-                elsewhere = self.whereabouts.describe(segment, deadline)
-                detail = f"{detail} {elsewhere}" if elsewhere else detail
-            run.text(segment.ids)
-            uses.append(StateUse(**span, source="text", reason=reason, detail=detail))
+            uses.append(self._segment(run, c, index, deadline, stream=stream, found=read.get(segment.key)))
         return uses
+
+    def _segment(self, run: Prefill, c: Continuation, index: int, deadline: Deadline, *, stream: bool,
+                 found: Found[Restored] | None) -> StateUse:
+        """One context segment grafted from its state (or `found`), else moved where asked, else
+        read as text, and what the receipt says of it."""
+        segment = c.context[index]
+        req = c.requested[index] if c.requested else None
+        span: dict[str, Any] = {"key": segment.key, "start": segment.start, "end": segment.end,
+                                "requested_key": req.key if isinstance(req, StateRef) and req.key != segment.key else None}
+        if not c.graft:
+            run.text(segment.ids)
+            return StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation")
+        try:
+            grafted = run.graft(lambda: Graftable(found.value.part, found.tier, found.notes) if found is not None
+                                else self.restorer.graftable(segment, deadline, stream=stream))
+            return StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes)
+        except StateError as e:
+            if c.memo and index == len(c.context) - 1:
+                raise
+            reason, detail = e.reason, str(e)
+        # A ref made in another scope (signing key, namespace, hardware) is `foreign`; one of this
+        # scope with another key was deposited at another position or after another chain: `moved`.
+        if isinstance(req, StateRef) and req.scope and req.scope != self.identity.scope_id:
+            reason, detail = "foreign", (
+                f"state {req.key[:12]} was deposited in another scope (another signing key, namespace or "
+                f"hardware) than this engine's; this engine's own state for the text: {detail}"
+            )
+        elif isinstance(req, StateRef) and req.key != segment.key:
+            reason, detail = "moved", (
+                f"state {req.key[:12]} was deposited at positions {req.start}..{req.end} after "
+                f"{'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; it is needed "
+                f"at {segment.start}..{segment.end}. {detail}"
+            )
+            if c.approximate or c.blend is not None:
+                try:
+                    return self._moved(run, c, segment, req, deadline, span, detail)
+                except StateError as e:
+                    detail += f" Not moved either: {e}"
+        if reason == "missing" and self.whereabouts is not None:  # say what is stored for it under other settings
+            elsewhere = self.whereabouts.describe(segment, deadline)
+            detail = f"{detail} {elsewhere}" if elsewhere else detail
+        run.text(segment.ids)
+        return StateUse(**span, source="text", reason=reason, detail=detail)
+
+    def _moved(self, run: Prefill, c: Continuation, segment: Segment, req: StateRef, deadline: Deadline,
+               span: dict[str, Any], detail: str) -> StateUse:
+        """`req`'s state, deposited elsewhere, moved to `segment`'s positions (and blended, with
+        `c.blend`): an approximate graft the receipt labels as one."""
+        doc_ids = self.layout.document_ids(segment.text)
+
+        def moved_state() -> Graftable:
+            return moved_graft(self.runner.model.hf_model, self.runner.codecs, self.restorer.fetch(req.key, None, deadline),
+                               doc_ids, segment, rerotate=c.rerotate)
+
+        if c.blend is not None:
+            grafted, count = blend_into(run, moved_state, doc_ids, c.blend)
+            detail += f" Moved and blended: {count} of {len(doc_ids)} tokens recomputed."
+        else:
+            grafted = run.graft(moved_state)
+        return StateUse(**span, source="approximate", tier=grafted.tier, reason="moved", detail=detail)
 
     def _own_stored_run(self, context: Sequence[Segment], deadline: Deadline) -> int:
         """Where the run of the context's own stored states from the start ends (cheap: no hashing)."""

@@ -1,17 +1,15 @@
-"""The engine: a facade that wires the parts a query passes through.
+"""The engine: a facade that wires the parts a question passes through, each given only what it uses.
 
-    identity (kvrag.trust.identity)  model and hardware fingerprints, namespace, key scope: once
-    schedule (kvrag.core.schedule)   documents and question -> segments with content-addressed keys
-    transcript                       or a whole formatted prompt (chat messages) -> the same, cut by
-    (kvrag.core.transcript)          content (message ends, line ends), for drop-in pipelines
-    memo (kvrag.reuse.memo)          a recurring query -> the continuation that answers from its
-                                     verified memo state (or none)
-    restore (kvrag.core.restore)     each segment's state fetched tier by tier (kvrag.stores) and
-                                     checked (kvrag.core.acceptance)
-    continuer                        grafts (kvrag.codecs, kvrag.core.prefill), text for the rest,
-    (kvrag.engine.continuer)         the question, decoding (kvrag.core.decoding) and the receipt
-    deposit (kvrag.core.deposit)     new states, verified by a canary before they are stored
-    gate (kvrag.reuse.gate)          whether this model may blend (kvrag.reuse.blend: approximate)
+A question's path through `KVEngine.stream`, top-down:
+
+    plan      the documents' segments and the question's ids (kvrag.core.schedule; a formatted
+              prompt is cut by its content, kvrag.core.transcript), one deadline for the reads
+    recall    a recurring question with a verified memo entry is answered from it (kvrag.reuse.memo)
+    restore   each segment's state, tier by tier, checked (kvrag.core.restore, kvrag.core.acceptance)
+    forward   grafts, then what was not stored and the question as text, in one schedule
+              (kvrag.engine.continuer, kvrag.core.prefill)
+    decode    greedy or sampled tokens, cut at the stops, and the receipt (kvrag.core.decoding)
+    deposit   afterwards, with `deposit_missing`: what was read as text (kvrag.core.deposit)
 
 The model is only ever called through `kvrag.core.runner.ModelRunner`.
 """
@@ -19,32 +17,32 @@ The model is only ever called through `kvrag.core.runner.ModelRunner`.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from typing_extensions import Unpack
 
 from kvrag.codecs import ReadyBuffers, StatePart
 from kvrag.codecs.ready import DEFAULT_READY_BYTES
-from kvrag.core.acceptance import Restored, StateAcceptance
+from kvrag.core.acceptance import StateAcceptance
 from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.deposit import CANARY_QUESTION, Depositor
+from kvrag.core.options import GenerationOptions, GenerationSettings, options_of
+from kvrag.core.prefixes import PrefixRecords
 from kvrag.core.prompt import DEFAULT_SYSTEM_PROMPT, LayoutKind, PromptLayout
-from kvrag.core.protocol import AskOptions, BlendLimits, ChatOptions
+from kvrag.core.protocol import BlendLimits
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import ModelRunner, logits_sha256
-from kvrag.core.sampling import Sampling
 from kvrag.core.schedule import Planner, Segment, StateRef
 from kvrag.core.transcript import Message, Renderer, Transcript, messages_of
 from kvrag.core.whereabouts import Whereabouts
 from kvrag.engine.continuer import Continuer
-from kvrag.errors import InputError, KVRagError, StateError, StoreError
+from kvrag.errors import InputError, KVRagError
 from kvrag.kernels.attention import INVARIANT
 from kvrag.models.loading import LoadedModel, load_model
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
 from kvrag.reuse.gate import BlendGate
 from kvrag.reuse.memo import Memo
-from kvrag.reuse.prefixes import PrefixRecords
 from kvrag.stores import StateStore, open_store
 from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
 from kvrag.trust.identity import EngineIdentity
@@ -55,7 +53,7 @@ from kvrag.trust.tenants import key_for
 log = logging.getLogger("kvrag")
 
 __all__ = ["KVEngine", "StateRef", "Segment", "Message", "Continuation", "Generation", "GenerationStream",
-           "CANARY_QUESTION", "logits_sha256"]
+           "GenerationOptions", "CANARY_QUESTION", "logits_sha256"]
 
 
 class KVEngine:
@@ -65,6 +63,25 @@ class KVEngine:
         >>> ref = engine.deposit("Paris is the capital of France.")
         >>> engine.generate("What is the capital of France?", states=[ref]).receipt.mode
         'exact-graft'
+
+    - `store`: a `StateStore` or a store URL (default: the embedded disk store).
+    - `signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's
+      key), an operator's key or a tenant's (`kvrag.trust.tenants`); `allow_unsigned`: also graft
+      unsigned states (a warning is logged once).
+    - `namespace`: the tenant (default: the store URL's `?namespace=`, else a tenant key's own),
+      whose derived key signs and addresses everything this engine stores.
+    - `deadline_s`: the most one question waits on store reads before the text answers.
+    - `blend_limits`: the most an approximate blend may deviate from the exact path (`BlendLimits`).
+    - `layout`: how documents and a question are laid out (`chat` for a model with a chat
+      template, `completion` for a base model without one; the default follows the model).
+    - `confidential`: encrypt every state and record this engine writes under its tenant's key
+      (default: whether the store URL says `?confidential=1`; see `kvrag.trust.confidential`).
+    - `stream_grafts`: a graft begins while its state is still arriving, each layer used once its
+      chunks are checked (`kvrag.core.streaming`; off by default: the read and the forward share
+      the cores, so it pays only where the read waits on the network).
+    - `ready_buffers_bytes`: under the invariant kernel, the most the whole-block K/V buffers of
+      grafted states kept for the next question over the same stored bytes may hold
+      (`kvrag.codecs.ready`; 0: none kept, every graft copies).
     """
 
     def __init__(
@@ -83,32 +100,14 @@ class KVEngine:
         stream_grafts: bool = False,
         ready_buffers_bytes: int = DEFAULT_READY_BYTES,
     ) -> None:
-        """`signing_key`: see `kvrag.trust.signing` (default: `$KVRAG_SIGNING_KEY`, else this user's key),
-        an operator's key or a tenant's (`kvrag.trust.tenants`); `allow_unsigned`: also graft unsigned
-        states (a warning is logged once); `namespace`: the tenant (default: the store URL's
-        `?namespace=`, else a tenant key's own), whose derived key signs and addresses everything
-        this engine stores; `deadline_s`: the most one question
-        waits on store reads before the text answers; `blend_limits`: the most an approximate blend
-        may deviate from the exact path (`BlendLimits`: mean KL 0.1, agreement 0.8 unless set);
-        `layout`: how documents and a question are laid out (`chat` for a model with a chat
-        template, `completion` for a base model without one: the default follows the model);
-        `confidential`: encrypt every state and record this engine writes under its tenant's key
-        (default: whether the store URL says `?confidential=1`; see `kvrag.trust.confidential`);
-        `stream_grafts`: a graft begins while its state is still arriving, each layer used once its
-        chunks are checked (`kvrag.core.streaming`; off by default: on 2 cores the read and the
-        forward share the CPU and it measured no faster); `ready_buffers_bytes`: under the invariant
-        kernel, the most the whole-block K/V buffers of grafted states kept for the next question
-        over the same stored bytes may hold (`kvrag.codecs.ready`; 0: none kept, every graft copies)."""
-        self.model = model
+        if not 0 < deadline_s <= 3600:
+            raise InputError("deadline_s must be more than 0 and at most 3600 seconds")
+        self.model, self.deadline_s, self.allow_unsigned = model, deadline_s, allow_unsigned
         self.store = store if isinstance(store, StateStore) else open_store(store)
         #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
         self.signing_key, self.namespace = key_for(signing_key, self.store.namespace if namespace is None else namespace)
         warn_if_unshared(signing_key, [tier.url for tier in self.store.tiers])
-        self.allow_unsigned = allow_unsigned
         self.confidential = bool(self.store.confidential if confidential is None else confidential)
-        if not 0 < deadline_s <= 3600:
-            raise InputError("deadline_s must be more than 0 and at most 3600 seconds")
-        self.deadline_s = deadline_s
         self.blend_limits = blend_limits or BlendLimits()
         #: who this engine is, computed once: every key and check uses this value
         self.identity = EngineIdentity.of(model.fingerprint, model.device, self.signing_key, self.namespace)
@@ -116,22 +115,30 @@ class KVEngine:
         self.renderer = Renderer(model.tokenizer)
         self.runner = ModelRunner(model)
         self.planner = Planner(self.layout, self.identity, model.max_positions)
-        acceptance = StateAcceptance(self.identity, self.runner.codecs, self.signing_key, model.vocabulary,
-                                     allow_unsigned=allow_unsigned)
+        self._wire(stream_grafts, ready_buffers_bytes)
+
+    def _wire(self, stream_grafts: bool, ready_buffers_bytes: int) -> None:
+        """The parts a question passes through, each given only what it uses."""
+        invariant = self.model.attn == INVARIANT
+        acceptance = StateAcceptance(self.identity, self.runner.codecs, self.signing_key, self.model.vocabulary,
+                                     allow_unsigned=self.allow_unsigned)
         self.restorer = Restorer(self.store, acceptance)
-        self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=allow_unsigned,  # type: ignore[arg-type]
+        self.records = SealedRecords(self.store, self.signing_key, allow_unsigned=self.allow_unsigned,
                                      confidential=self.confidential)
         #: where each text's states are stored, to say why one did not graft (`kvrag explain`)
         self.whereabouts = Whereabouts(self.store, self.records, self.identity, self.signing_key)
-        self.depositor = Depositor(self.runner, self.planner, self.store, self.identity, self.signing_key,
-                                   self.whereabouts, confidential=self.confidential)
         #: under the invariant kernel, states serve any prompt that begins with their tokens
-        self.prefixes = PrefixRecords(self.records, self.identity.scope) if model.attn == INVARIANT else None
-        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, deadline_s, self.prefixes,
-                                   self.whereabouts, stream_grafts=stream_grafts,
-                                   ready=ReadyBuffers(ready_buffers_bytes) if model.attn == INVARIANT else None)
-        self.memo = Memo(self)
-        self.gate = BlendGate(self)
+        self.prefixes = PrefixRecords(self.records, self.identity.scope) if invariant else None
+        self.depositor = Depositor(self.runner, self.planner, self.store, self.restorer, self.identity,
+                                   self.signing_key, deadline_s=self.deadline_s, whereabouts=self.whereabouts,
+                                   prefixes=self.prefixes, confidential=self.confidential)
+        self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, self.deadline_s,
+                                   self.prefixes, self.whereabouts, stream_grafts=stream_grafts,
+                                   ready=ReadyBuffers(ready_buffers_bytes) if invariant else None)
+        self.memo = Memo(self.identity, self.planner, self.records, self.depositor, self.restorer, self.run,
+                         vocabulary=self.model.vocabulary, deadline_s=self.deadline_s)
+        self.gate = BlendGate(self.identity, self.planner, self.records, self.depositor, self.run,
+                              limits=self.blend_limits, deadline_s=self.deadline_s)
 
     @classmethod
     def open(cls, model: str | LoadedModel = "smollm2-135m", store: StateStore | str | None = None, *,
@@ -180,7 +187,7 @@ class KVEngine:
 
     def tokenize(self, text: str) -> list[int]:
         """`text`'s token ids, without special tokens."""
-        return list(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self.layout.tokenize(text)
 
     def restore(self, ref: StateRef) -> StatePart:
         """Fetch and check one state; raises a `StateError` saying why it cannot be grafted."""
@@ -204,116 +211,91 @@ class KVEngine:
 
         Each new state is computed after its ancestors' grafted states: one prefill per state."""
         segments = self.plan(texts, after=after)
-        self._deposit_after(segments, self.restorer.chain(after.key if after else None, Deadline(self.deadline_s)))
+        self.depositor.extend(segments)
         return [self.planner.ref(s) for s in segments]
 
     def deposit_segment(self, segment: Segment) -> StateRef:
         """Deposit a segment built with `planner.segment` (any ids, e.g. a memo state) after its
         stored parent chain."""
-        self._deposit_after([segment], self.restorer.chain(segment.parent_key, Deadline(self.deadline_s)))
+        self.depositor.extend([segment])
         return self.planner.ref(segment)
 
-    def _deposit_after(self, segments: Sequence[Segment], chain: Sequence[Restored]) -> None:
-        """Deposit `segments` in order after the stored `chain` (root first), each one skipped if
-        stored already; with the invariant kernel, each new one is indexed by prefix."""
-        ancestors: list[StatePart] = [r.part for r in chain]
-        # the prompt's ids so far, kept only where prefix records need them
-        before = [t for r in chain for t in r.manifest.token_ids] if self.prefixes is not None else []
-        for segment in segments:
-            try:
-                ancestors.append(self.restorer.fetch(segment.key, segment, Deadline(self.deadline_s)).value.part)
-            except StateError:
-                restored: Restored = self.depositor.deposit(segment, ancestors)
-                ancestors.append(restored.part)
-                if self.prefixes is not None:
-                    self.prefixes.record([*before, *segment.ids], segment.start, segment.key)
-            if self.prefixes is not None:
-                before.extend(segment.ids)
+    def deposit_chat(self, messages: Sequence[Message | dict[str, Any]]) -> list[StateRef]:
+        """Deposit a conversation's segments ahead of time (all of them: the next message starts a
+        new segment), so the first ask that continues it grafts them."""
+        transcript = self.renderer.render(messages_of(messages), generation_prompt=False)
+        self.planner.check_length(len(transcript.ids))
+        segments = self.planner.chain(transcript.pieces(), self._chat_layout)
+        self.depositor.extend(segments)
+        return [self.planner.ref(s) for s in segments]
 
     # -------------------------------------------------------------- generate
-    def generate(self, query: str, **options: Unpack[AskOptions]) -> Generation:
-        """Answer `query` after the documents in `states`; see `stream` for the options."""
-        return self.stream(query, **options).result()
+    def generate(self, query: str, *, states: Sequence[StateRef | str] | None = None,
+                 options: GenerationOptions | None = None, **settings: Unpack[GenerationSettings]) -> Generation:
+        """Answer `query` after the documents in `states`; see `stream`."""
+        return self.stream(query, states=states, options=options, **settings).result()
 
-    def stream(
-        self,
-        query: str,
-        *,
-        states: Sequence[StateRef | str] | None = None,
-        max_new_tokens: int = 64,
-        stop: Sequence[str] | None = None,
-        graft: bool = True,
-        approximate: bool = False,
-        deposit_missing: bool = False,
-        memo: bool = True,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        blend: bool | float = False,
-    ) -> GenerationStream:
+    def stream(self, query: str, *, states: Sequence[StateRef | str] | None = None,
+               options: GenerationOptions | None = None, **settings: Unpack[GenerationSettings]) -> GenerationStream:
         """Answer `query` after the documents in `states`, token by token; `.generation` holds the
         result after the last delta.
 
         `states` are refs from `deposit` (or plain document texts), in prompt order. A state is
         grafted only at its own position after its own chain; a ref placed elsewhere, or a state
-        that is missing, damaged or foreign, is re-read as text and the receipt says why. With
-        `graft=False` every document is re-read as text (the text-RAG arm of a comparison). With
-        `approximate=True`, a ref placed elsewhere is moved there instead (keys re-rotated), and
-        the receipt says `approximate-graft`, `exact=False`. With `deposit_missing`, the chain is
-        deposited afterwards so the next identical ask grafts. With `memo` (the default), a
-        recurring query with a verified memo entry for the same context is answered from it
-        (receipt `memo`). With `blend` (True, or the share of tokens to recompute), a document
-        whose chain state is missing but whose own state is stored is moved and partly recomputed
-        (`approximate-graft`, see `kvrag.reuse.blend`), only if the gate passed this model and setting
-        (`engine.gate.calibrate()`); otherwise the answer stays exact and the receipt says why. Decoding is greedy unless `temperature` > 0 (then `top_k`, `top_p` and
-        `seed` apply; the same seed gives the same tokens; see `kvrag.core.sampling`). Input errors are
-        raised here, before the first step.
+        that is missing, damaged or foreign, is re-read as text and the receipt says why. How to
+        answer is `options` (a `GenerationOptions`), each keyword setting overriding it: with
+        `graft=False` every document is re-read as text; with `approximate=True` a ref placed
+        elsewhere is moved there instead (`approximate-graft`, `exact=False`); with `blend` a
+        document whose chain state is missing but whose own state is stored is moved and partly
+        recomputed, only if the gate passed this model and setting (`engine.gate.calibrate()`);
+        with `memo` (the default) a recurring query with a verified memo entry for the same
+        context is answered from it (receipt `memo`); with `deposit_missing` the chain is
+        deposited afterwards. Input errors are raised here, before the first step.
         """
-        sampling = _sampling(max_new_tokens, temperature, top_p, top_k, seed)
+        opts = options_of(options, dict(settings))
         requested = list(states or [])
         texts = [r.text if isinstance(r, StateRef) else r for r in requested]
         segments = self.plan(texts)
         question = self.planner.question(query, segments)
         self.planner.check_length((segments[-1].end if segments else 0) + len(question))
         deadline = Deadline(self.deadline_s)  # one for every store read of this question
-        ratio, notes = None, []
-        if blend and graft:
-            ratio = DEFAULT_RECOMPUTE_RATIO if blend is True else float(blend)
-            refusal = self.gate.refusal(ratio, deadline=deadline)
-            if refusal:
-                ratio, notes = None, [refusal]
-            else:  # each document's own state, wherever its chain state is missing
-                requested = [r if isinstance(r, StateRef) else self._own_ref(r) for r in requested]
-        if memo and graft and not approximate and ratio is None and not stop and sampling.greedy:
-            recall = self.memo.recall(query, segments, max_new_tokens, deadline)
+        ratio, notes, requested = self._blend(opts, requested, deadline)
+        if opts.memo and opts.graft and not opts.approximate and ratio is None and not opts.stop and opts.sampling.greedy:
+            recall = self.memo.recall(query, segments, opts.max_new_tokens, deadline)
             if recall is not None:
                 return self.run(recall)
-        stream = self.run(Continuation(segments, question, max_new_tokens, stop or self.layout.answer_stops, graft,
-                                       requested, approximate, deadline=deadline, sampling=sampling, blend=ratio,
-                                       notes=notes, any_boundary=not approximate and ratio is None,
-                                       layout=self.layout.kind))
-        if deposit_missing and texts:
-            return GenerationStream(self._then_deposit(stream, texts))
-        return stream
+        answer = self.run(Continuation(segments, question, opts.max_new_tokens, opts.stops(self.layout.answer_stops),
+                                       opts.graft, requested, opts.approximate, deadline=deadline,
+                                       sampling=opts.sampling, blend=ratio, notes=notes,
+                                       any_boundary=not opts.approximate and ratio is None, layout=self.layout.kind))
+        if opts.deposits and segments:
+            return self._then_deposit(answer, lambda generation: segments if _read_as_text(generation) else [],
+                                      "the chain")
+        return answer
 
-    def chat(self, messages: Sequence[Message | dict[str, Any]], **options: Unpack[ChatOptions]) -> Generation:
+    def _blend(self, opts: GenerationOptions, requested: list[StateRef | str],
+               deadline: Deadline) -> tuple[float | None, list[str], list[StateRef | str]]:
+        """The share of tokens to recompute in a blend (None: no blend), why a blend asked for was
+        refused, and what to graft: where blending, each document's own state if stored."""
+        if not opts.blend or not opts.graft:
+            return None, [], requested
+        ratio = DEFAULT_RECOMPUTE_RATIO if opts.blend is True else float(opts.blend)
+        refusal = self.gate.refusal(ratio, deadline=deadline)
+        if refusal:
+            return None, [refusal], requested
+        return ratio, [], [r if isinstance(r, StateRef) else self._own_ref(r) for r in requested]
+
+    def _own_ref(self, text: str) -> StateRef | str:
+        ref = self.ref(text)
+        return ref if self.deposited(ref) else text
+
+    def chat(self, messages: Sequence[Message | dict[str, Any]], *, options: GenerationOptions | None = None,
+             **settings: Unpack[GenerationSettings]) -> Generation:
         """Answer a conversation; see `stream_chat`."""
-        return self.stream_chat(messages, **options).result()
+        return self.stream_chat(messages, options=options, **settings).result()
 
-    def stream_chat(
-        self,
-        messages: Sequence[Message | dict[str, Any]],
-        *,
-        max_new_tokens: int = 64,
-        stop: Sequence[str] | None = None,
-        graft: bool = True,
-        deposit_missing: bool = False,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-    ) -> GenerationStream:
+    def stream_chat(self, messages: Sequence[Message | dict[str, Any]], *, options: GenerationOptions | None = None,
+                    **settings: Unpack[GenerationSettings]) -> GenerationStream:
         """Answer a conversation as a framework formats it (OpenAI-style `{"role", "content"}`
         messages; a completion prompt is one user message), token by token.
 
@@ -322,128 +304,92 @@ class KVEngine:
         read as text in the same segments, so the answer is the same either way. With
         `deposit_missing`, the segments read as text are deposited afterwards, and in a
         conversation (one that already holds an assistant turn) so are the last message and this
-        answer, so that the next turn grafts everything before its new message. The other
-        options are `stream`'s.
+        answer, so that the next turn grafts everything before its new message. The options are
+        `stream`'s; `approximate` and `blend` apply only to documents and a question.
         """
-        sampling = _sampling(max_new_tokens, temperature, top_p, top_k, seed)
+        opts = _exact(options_of(options, dict(settings)))
         checked = messages_of(messages)
         for message in checked:
             self.planner.check_size(message.content)
         transcript = self.renderer.render(checked)
-        return self._run_transcript(transcript, self._chat_layout, max_new_tokens, stop or self.renderer.chat_stops,
-                                    graft, sampling, deposit_missing, checked)
+        return self._run_transcript(transcript, self._chat_layout, opts, opts.stops(self.renderer.chat_stops), checked)
 
     @property
     def _chat_layout(self) -> str:
         return "chat-template" if self.renderer.chat_form == "template" else "plain-chat"
 
-    def complete(self, prompt: str, **options: Unpack[ChatOptions]) -> Generation:
+    def complete(self, prompt: str, *, options: GenerationOptions | None = None,
+                 **settings: Unpack[GenerationSettings]) -> Generation:
         """Continue a completion prompt; see `stream_complete`."""
-        return self.stream_complete(prompt, **options).result()
+        return self.stream_complete(prompt, options=options, **settings).result()
 
-    def stream_complete(
-        self,
-        prompt: str,
-        *,
-        max_new_tokens: int = 64,
-        stop: Sequence[str] | None = None,
-        graft: bool = True,
-        deposit_missing: bool = False,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-    ) -> GenerationStream:
+    def stream_complete(self, prompt: str, *, options: GenerationOptions | None = None,
+                        **settings: Unpack[GenerationSettings]) -> GenerationStream:
         """Continue a completion prompt (a framework's formatted prompt string, OpenAI's
         `/v1/completions`), token by token. A base model (the `completion` layout) reads it as
         given, after its begin-of-text token, exactly as a stock `model.generate` on
         `tokenizer(prompt)` would (receipt layout `prompt`); a chat model reads it as one user
         message (`stream_chat`). Cut, grafted and deposited as `stream_chat` does."""
+        opts = _exact(options_of(options, dict(settings)))
         if self.layout.kind == "chat":
-            return self.stream_chat([Message(role="user", content=prompt)], max_new_tokens=max_new_tokens, stop=stop,
-                                    graft=graft, deposit_missing=deposit_missing, temperature=temperature,
-                                    top_p=top_p, top_k=top_k, seed=seed)
-        sampling = _sampling(max_new_tokens, temperature, top_p, top_k, seed)
+            return self.stream_chat([Message(role="user", content=prompt)], options=opts)
         transcript = self.renderer.render_prompt(self.planner.check_size(prompt))
-        return self._run_transcript(transcript, "prompt", max_new_tokens, stop or (), graft, sampling,
-                                    deposit_missing, None)
+        return self._run_transcript(transcript, "prompt", opts, opts.stops(()), None)
 
-    def _run_transcript(self, transcript: Transcript, layout: str, max_new_tokens: int, stop: Sequence[str],
-                        graft: bool, sampling: Sampling, deposit_missing: bool,
+    def _run_transcript(self, transcript: Transcript, layout: str, opts: GenerationOptions, stop: Sequence[str],
                         messages: list[Message] | None) -> GenerationStream:
         self.planner.check_length(len(transcript.ids))
         *context, feed = self.planner.chain(transcript.pieces(), layout)
-        stream = self.run(Continuation(context, feed.ids, max_new_tokens, stop, graft, deadline=Deadline(self.deadline_s),
-                                       sampling=sampling, any_boundary=True, layout=layout))
-        if deposit_missing:
-            if messages is None:
-                return GenerationStream(self._then_deposit_segments(stream, context))
-            return GenerationStream(self._then_deposit_turn(stream, messages, context))
-        return stream
+        answer = self.run(Continuation(context, feed.ids, opts.max_new_tokens, stop, opts.graft,
+                                       deadline=Deadline(self.deadline_s), sampling=opts.sampling, any_boundary=True,
+                                       layout=layout))
+        if not opts.deposits:
+            return answer
+        if messages is None:
+            return self._then_deposit(answer, lambda generation: context if _read_as_text(generation) else [],
+                                      "the prompt")
+        return self._then_deposit(answer, lambda generation: self._turn(messages, context, generation),
+                                  "the conversation")
 
-    def deposit_chat(self, messages: Sequence[Message | dict[str, Any]]) -> list[StateRef]:
-        """Deposit a conversation's segments ahead of time (all of them: the next message starts a
-        new segment), so the first ask that continues it grafts them."""
-        transcript = self.renderer.render(messages_of(messages), generation_prompt=False)
-        self.planner.check_length(len(transcript.ids))
-        segments = self.planner.chain(transcript.pieces(), self._chat_layout)
-        self._deposit_segments(segments)
-        return [self.planner.ref(s) for s in segments]
+    def _turn(self, messages: list[Message], context: list[Segment], generation: Generation) -> list[Segment]:
+        """What to deposit after answering a conversation: in one that already holds an assistant
+        turn, its segments up to and including this answer; else the context read as text."""
+        if any(m.role == "assistant" for m in messages) and generation.text:
+            answered = [*messages, Message(role="assistant", content=generation.text)]
+            following = self.planner.chain(self.renderer.render(answered, generation_prompt=False).pieces(),
+                                           self._chat_layout)
+            if [s.key for s in following[: len(context)]] == [s.key for s in context]:
+                return following
+        return context if _read_as_text(generation) else []
 
-    def _deposit_segments(self, segments: Sequence[Segment]) -> None:
-        self._deposit_after(segments, [])
+    def _then_deposit(self, answer: GenerationStream, segments: Callable[[Generation], Sequence[Segment]],
+                      what: str) -> GenerationStream:
+        """`answer`, then (after its last delta) the `segments(generation)` it names deposited. The
+        answer stands whatever the deposit meets; the next ask then re-reads the text."""
 
-    def _then_deposit_turn(self, stream: GenerationStream, messages: list[Message],
-                           context: list[Segment]) -> Iterator[str]:
-        yield from stream
-        generation = stream.result()
-        try:
-            segments = context
-            if any(m.role == "assistant" for m in messages) and generation.text:
-                answered = [*messages, Message(role="assistant", content=generation.text)]
-                following = self.planner.chain(self.renderer.render(answered, generation_prompt=False).pieces(),
-                                               self._chat_layout)
-                if [s.key for s in following[: len(context)]] == [s.key for s in context]:
-                    segments = following
-            if segments is not context or any(u.source != "graft" for u in generation.receipt.states):
-                self._deposit_segments(segments)
-        except KVRagError as e:  # the answer stands; the next ask re-reads the text
-            log.warning("answered, but could not deposit the conversation afterwards: %s", e)
-        return generation
-
-    def _then_deposit_segments(self, stream: GenerationStream, context: list[Segment]) -> Iterator[str]:
-        yield from stream
-        generation = stream.result()
-        if any(u.source != "graft" for u in generation.receipt.states):
+        def steps() -> Iterator[str]:
+            yield from answer
+            generation = answer.result()
             try:
-                self._deposit_segments(context)
-            except KVRagError as e:  # the answer stands; the next ask re-reads the text
-                log.warning("answered, but could not deposit the prompt afterwards: %s", e)
-        return generation
+                self.depositor.extend(segments(generation))
+            except KVRagError as e:
+                log.warning("answered, but could not deposit %s afterwards: %s", what, e)
+            return generation
 
-    def _own_ref(self, text: str) -> StateRef | str:
-        ref = self.ref(text)
-        return ref if self.deposited(ref) else text
+        return GenerationStream(steps())
 
     def run(self, continuation: Continuation) -> GenerationStream:
         """Run a continuation: its context grafted where stored, its ids fed, decoding up to N tokens."""
         return self.continuer.stream(continuation)
 
-    def _then_deposit(self, stream: GenerationStream, texts: list[str]) -> Iterator[str]:
-        yield from stream
-        generation = stream.result()
-        if any(u.source != "graft" for u in generation.receipt.states):
-            try:
-                self.deposit_chain(texts)
-            except (StoreError, StateError) as e:  # the answer stands; the next ask re-reads the text
-                log.warning("answered, but could not deposit the chain afterwards: %s", e)
-        return generation
+
+def _read_as_text(generation: Generation) -> bool:
+    """Whether some context segment of the answer was read as text (so there is something to deposit)."""
+    return any(use.source != "graft" for use in generation.receipt.states)
 
 
-def _sampling(max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None) -> Sampling:
-    if max_new_tokens < 1:
-        raise InputError("max_new_tokens must be at least 1")
-    try:
-        return Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    except ValueError as e:
-        raise InputError(f"bad sampling settings: {' '.join(str(e).split())[:300]}") from e
+def _exact(opts: GenerationOptions) -> GenerationOptions:
+    if not opts.exact_only:
+        raise InputError("approximate and blend apply to documents and a question (generate, stream); "
+                         "a conversation or a prompt is grafted exactly")
+    return opts

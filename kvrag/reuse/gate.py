@@ -19,10 +19,15 @@ import torch
 from pydantic import BaseModel, Field, ValidationError
 
 from kvrag.core.continuation import Continuation
-from kvrag.core.protocol import BlendLimits, Engine
+from kvrag.core.decoding import GenerationStream
+from kvrag.core.deposit import Depositor
+from kvrag.core.protocol import BlendLimits
+from kvrag.core.schedule import Planner
 from kvrag.errors import InputError
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
 from kvrag.stores.deadline import Deadline
+from kvrag.trust.identity import EngineIdentity
+from kvrag.trust.records import SealedRecords
 
 __all__ = ["GateResult", "BlendGate", "MAX_MEAN_KL", "MIN_AGREEMENT", "kl_divergence"]
 
@@ -60,12 +65,17 @@ def kl_divergence(exact: torch.Tensor, approximate: torch.Tensor) -> float:
 
 
 class BlendGate:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    """Whether an engine may blend: its verdicts are sealed records, measured by running blends
+    and their exact paths (`run`) on documents its depositor stores."""
+
+    def __init__(self, identity: EngineIdentity, planner: Planner, records: SealedRecords, depositor: Depositor,
+                 run: Callable[[Continuation], GenerationStream], *, limits: BlendLimits, deadline_s: float) -> None:
+        self.identity, self.planner, self.records = identity, planner, records
+        self.depositor, self.run, self.limits, self.deadline_s = depositor, run, limits, deadline_s
 
     def slot(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True) -> str:
         """The sealed record a verdict for this setting lives in."""
-        setting = f"kvrag-blend-gate\x00{self.engine.identity.scope}\x00{ratio:.3f}\x00{int(rerotate)}"
+        setting = f"kvrag-blend-gate\x00{self.identity.scope}\x00{ratio:.3f}\x00{int(rerotate)}"
         return "gate/" + hashlib.sha256(setting.encode()).hexdigest()
 
     def calibrate(self, documents: Sequence[str] | None = None, questions: Sequence[str] | None = None, *,
@@ -78,7 +88,7 @@ class BlendGate:
         `progress(done, samples)` is called after each prompt."""
         if not 0 < ratio <= 1 or samples < 1:
             raise InputError("the recompute ratio must be in (0, 1] and samples at least 1")
-        limits = self.engine.blend_limits
+        limits = self.limits
         max_mean_kl = limits.max_mean_kl if max_mean_kl is None else max_mean_kl
         min_agreement = limits.min_agreement if min_agreement is None else min_agreement
         if max_mean_kl > limits.max_mean_kl or min_agreement < limits.min_agreement:
@@ -96,42 +106,45 @@ class BlendGate:
             pairs = [(d, asked[i] if i < len(asked) else "What is this text about?") for i, d in enumerate(documents)]
         if len(pairs) < 2:
             raise InputError("calibrating a blend needs at least two documents")
-        engine, kls, agree = self.engine, [], 0
+        kls, agree = [], 0
         for i in range(samples):
             (first, _), (second, question) = pairs[i % len(pairs)], pairs[(i + 1 + i // len(pairs)) % len(pairs)]
-            roots = [engine.ensure(first), engine.ensure(second)]
-            segments = engine.plan([first, second])
-            feed = engine.planner.question(question, segments)
-            exact = engine.run(Continuation(segments, feed, 1, graft=False)).result().first_token_logits
-            blended = engine.run(Continuation(segments, feed, 1, requested=roots, blend=ratio,
-                                              rerotate=rerotate)).result().first_token_logits
+            roots = [self.planner.documents([text])[0] for text in (first, second)]
+            for root in roots:
+                self.depositor.ensure(root)
+            segments = self.planner.documents([first, second])
+            feed = self.planner.question(question, segments)
+            exact = self.run(Continuation(segments, feed, 1, graft=False)).result().first_token_logits
+            blended = self.run(Continuation(segments, feed, 1, requested=[self.planner.ref(r) for r in roots],
+                                            blend=ratio, rerotate=rerotate)).result().first_token_logits
             kls.append(kl_divergence(exact, blended))
             agree += int(exact.argmax() == blended.argmax())
             if progress is not None:
                 progress(i + 1, samples)
         kl_mean, agreement = sum(kls) / len(kls), agree / samples
         result = GateResult(
-            model=engine.model.name, model_fingerprint=engine.identity.model_digest, hardware_fingerprint=engine.identity.hardware.digest,
+            model=self.identity.model.name, model_fingerprint=self.identity.model_digest,
+            hardware_fingerprint=self.identity.hardware.digest,
             ratio=ratio, rerotate=rerotate, samples=samples, kl_mean=kl_mean, kl_max=max(kls),
             argmax_agreement=agreement, max_mean_kl=max_mean_kl, min_agreement=min_agreement,
             passed=kl_mean <= max_mean_kl and agreement >= min_agreement,
         )
-        engine.records.put(self.slot(ratio, rerotate), result.model_dump_json().encode())
+        self.records.put(self.slot(ratio, rerotate), result.model_dump_json().encode())
         return result
 
     def result(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True,
                deadline: Deadline | None = None) -> GateResult | None:
         """The stored verdict for this engine's model, hardware and setting (None if never
         calibrated, or not read within `deadline`)."""
-        body = self.engine.records.get(self.slot(ratio, rerotate), deadline or Deadline(self.engine.deadline_s))
+        body = self.records.get(self.slot(ratio, rerotate), deadline or Deadline(self.deadline_s))
         if body is None:
             return None
         try:
             result = GateResult.model_validate_json(body)
         except ValidationError:
             return None
-        bound = (result.model_fingerprint == self.engine.identity.model_digest
-                 and result.hardware_fingerprint == self.engine.identity.hardware.digest
+        bound = (result.model_fingerprint == self.identity.model_digest
+                 and result.hardware_fingerprint == self.identity.hardware.digest
                  and abs(result.ratio - ratio) < 5e-4 and result.rerotate == rerotate)
         return result if bound else None
 
@@ -140,9 +153,9 @@ class BlendGate:
         """Why this engine may not blend with this setting (None: it may)."""
         result = self.result(ratio, rerotate, deadline)
         if result is None:
-            return (f"blending is not calibrated for {self.engine.model.name} at ratio {ratio:.2f}; "
+            return (f"blending is not calibrated for {self.identity.model.name} at ratio {ratio:.2f}; "
                     "run `kvrag calibrate` (or engine.gate.calibrate()) first")
-        limits = self.engine.blend_limits
+        limits = self.limits
         if not result.allows(limits):
             return (f"the blend gate refused {result.model} at ratio {result.ratio:.2f}: mean KL {result.kl_mean:.3g} "
                     f"(at most {min(result.max_mean_kl, limits.max_mean_kl):g}), argmax agreement "

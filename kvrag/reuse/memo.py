@@ -20,19 +20,22 @@ import logging
 import re
 import unicodedata
 from datetime import datetime, timezone
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
 from kvrag.artifacts.format import TokenId
 from kvrag.core.continuation import Continuation
-from kvrag.core.decoding import Generation
-from kvrag.core.protocol import Engine
-from kvrag.core.schedule import Segment, StateRef
+from kvrag.core.decoding import Generation, GenerationStream
+from kvrag.core.deposit import Depositor
+from kvrag.core.restore import Restorer
+from kvrag.core.schedule import Planner, Segment, StateRef
 from kvrag.errors import InputError, KVRagError, VerificationError
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS
 from kvrag.stores.deadline import Deadline
+from kvrag.trust.identity import EngineIdentity
+from kvrag.trust.records import SealedRecords
 
 __all__ = ["canonical_query", "Provenance", "MemoEntry", "Memo", "MEMO_TAIL_TOKENS"]
 
@@ -83,31 +86,36 @@ def memo_key(scope: str, canonical: str, context_keys: Sequence[str]) -> str:
 
 
 class Memo:
-    """The memo of one engine: entries are blobs `memo/<key>` in the engine's store."""
+    """The memo of one engine: entries are sealed records `memo/<key>` in its store; memo states are
+    deposited by its depositor, checked by its restorer and answered by its `run`."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, identity: EngineIdentity, planner: Planner, records: SealedRecords, depositor: Depositor,
+                 restorer: Restorer, run: Callable[[Continuation], GenerationStream], *, vocabulary: int,
+                 deadline_s: float) -> None:
+        self.identity, self.planner, self.records = identity, planner, records
+        self.depositor, self.restorer, self.run = depositor, restorer, run
+        self.vocabulary, self.deadline_s = vocabulary, deadline_s
 
     def _key(self, query: str, segments: Sequence[Segment]) -> str:
-        return memo_key(self.engine.identity.scope, canonical_query(query), [s.key for s in segments])
+        return memo_key(self.identity.scope, canonical_query(query), [s.key for s in segments])
 
     def entry(self, query: str, states: Sequence["StateRef | str"] = ()) -> MemoEntry | None:
-        return self._load(self._key(query, self.engine.plan(_texts(states))))
+        return self._load(self._key(query, self.planner.documents(_texts(states))))
 
     def _load(self, key: str, deadline: Deadline | None = None) -> MemoEntry | None:
         """The authentic entry in slot `key`, or None (absent, unreadable, not sealed with this
         engine's key for this slot, or not bound to this slot by its own fields)."""
         try:
-            body = self.engine.records.get(f"memo/{key}", deadline)
+            body = self.records.get(f"memo/{key}", deadline)
             if body is None:
                 return None
             entry = MemoEntry.model_validate_json(body)
             bound = (
                 entry.memo_key == key
                 and canonical_query(entry.query) == entry.canonical
-                and memo_key(self.engine.identity.scope, entry.canonical, entry.context_keys) == key
-                and entry.model_fingerprint == self.engine.identity.model_digest
-                and all(t < self.engine.model.vocabulary for t in entry.answer_ids)
+                and memo_key(self.identity.scope, entry.canonical, entry.context_keys) == key
+                and entry.model_fingerprint == self.identity.model_digest
+                and all(t < self.vocabulary for t in entry.answer_ids)
             )
             if not bound:
                 log.warning("refused memo entry %s: its fields do not recompute its slot", key[:12])
@@ -121,9 +129,9 @@ class Memo:
         after the context) and the answer ids it leaves out."""
         tail = min(tail, max(len(answer_ids) - 1, 0))
         kept = len(answer_ids) - tail - 1  # answer tokens inside the state; one more is fed at recall
-        ids = self.engine.planner.question(query, context) + answer_ids[:kept]
+        ids = self.planner.question(query, context) + answer_ids[:kept]
         after = context[-1] if context else None
-        return self.engine.planner.segment(f"memo:{canonical_query(query)}", ids, after), answer_ids[kept:]
+        return self.planner.segment(f"memo:{canonical_query(query)}", ids, after), answer_ids[kept:]
 
     def memoize(
         self,
@@ -135,7 +143,7 @@ class Memo:
         verified: bool = True,
     ) -> MemoEntry:
         """Store `generation` (an answer to `query` after `states`) as a memo entry."""
-        return self._memoize(query, [t for t in generation.tokens if t not in self.engine.layout.stop_ids],
+        return self._memoize(query, [t for t in generation.tokens if t not in self.planner.layout.stop_ids],
                              generation.text, generation.finish_reason == "stop", states, provenance, verified, MEMO_TAIL_TOKENS)
 
     def memoize_text(
@@ -152,9 +160,9 @@ class Memo:
         With `decode_suffix` (the final answer that ends `answer`), recall decodes those tokens
         if the model reproduces them exactly; otherwise the whole answer comes from the state.
         """
-        ids = self.engine.tokenize(answer)
+        ids = self.planner.layout.tokenize(answer)
         if decode_suffix and answer.rstrip().endswith(decode_suffix.strip()):
-            tail = len(self.engine.tokenize(decode_suffix.strip()))
+            tail = len(self.planner.layout.tokenize(decode_suffix.strip()))
             try:
                 return self._memoize(query, ids, answer, False, states, provenance, True, tail)
             except VerificationError:
@@ -176,20 +184,16 @@ class Memo:
         checked to reproduce the answer's remaining tokens before the entry is written."""
         if verified and provenance is None:
             raise InputError("a verified memo entry needs a provenance: what verified the answer")
-        engine = self.engine
-        texts = _texts(states)
-        segments = engine.plan(texts)
+        segments = self.planner.documents(_texts(states))
         if not answer_ids:
             raise InputError("cannot memoize an empty answer")
         segment, remaining = self._segment(query, answer_ids, segments, tail)
-        if texts:
-            engine.deposit_chain(texts)
-        engine.deposit_segment(segment)
+        self.depositor.extend([*segments, segment])
         entry = MemoEntry(
             memo_key=self._key(query, segments),
             query=query,
             canonical=canonical_query(query),
-            model_fingerprint=engine.identity.model_digest,
+            model_fingerprint=self.identity.model_digest,
             context_keys=[s.key for s in segments],
             answer=answer,
             answer_ids=answer_ids,
@@ -201,12 +205,13 @@ class Memo:
             provenance=provenance,
         )
         if verified:
-            recalled = engine.run(self._continuation(entry, segments, segment, len(remaining) + 1, None,
-                                                     engine.layout.answer_stops, engine.layout.kind)).result()
-            got = [t for t in recalled.tokens if t not in engine.layout.stop_ids]
+            layout = self.planner.layout
+            recalled = self.run(self._continuation(entry, segments, segment, len(remaining) + 1, None,
+                                                   layout.answer_stops, layout.kind)).result()
+            got = [t for t in recalled.tokens if t not in layout.stop_ids]
             if got != answer_ids:
                 raise VerificationError("the memo state does not reproduce the verified answer; nothing memoized")
-        engine.records.put(f"memo/{entry.memo_key}", entry.model_dump_json().encode())
+        self.records.put(f"memo/{entry.memo_key}", entry.model_dump_json().encode())
         return entry
 
     def find(self, query: str, segments: Sequence[Segment], deadline: Deadline | None = None) -> tuple[MemoEntry | None, str | None]:
@@ -216,7 +221,7 @@ class Memo:
             return None, None
         if not entry.verified or entry.provenance is None:
             return None, "memo entry is unverified; answered normally"
-        if entry.model_fingerprint != self.engine.identity.model_digest:
+        if entry.model_fingerprint != self.identity.model_digest:
             return None, "memo entry is from another model; answered normally"
         return entry, None
 
@@ -224,7 +229,7 @@ class Memo:
                deadline: Deadline | None = None) -> Continuation | None:
         """The continuation that answers from a verified entry for this query and context, or None
         (the engine then answers normally) when there is none or its memo state fails its checks."""
-        deadline = deadline or Deadline(self.engine.deadline_s)
+        deadline = deadline or Deadline(self.deadline_s)
         entry, _ = self.find(query, segments, deadline)
         if entry is None:
             return None
@@ -232,10 +237,10 @@ class Memo:
             memo_segment, _ = self._segment(entry.query, entry.answer_ids, segments, entry.tail)
             if memo_segment.key != entry.state_key or not entry.answer_ids:
                 return None
-            self.engine.check(memo_segment, deadline)
+            self.restorer.fetch(memo_segment.key, memo_segment, deadline)
         except (KVRagError, *UNTRUSTED_PARSE_ERRORS):
             return None
-        layout = self.engine.layout
+        layout = self.planner.layout
         return self._continuation(entry, segments, memo_segment, max_new_tokens, deadline, layout.answer_stops, layout.kind)
 
     @staticmethod
@@ -250,8 +255,8 @@ class Memo:
 
     def suggestions(self, query: str, k: int = 3) -> list[tuple[MemoEntry, float]]:
         """Stored entries whose queries look like `query`: for a person to look at, never an answer."""
-        entries = [e for name in self.engine.records.names("memo") if (e := self._load(name.split("/", 1)[1]))]
-        entries = [e for e in entries if e.model_fingerprint == self.engine.identity.model_digest]
+        entries = [e for name in self.records.names("memo") if (e := self._load(name.split("/", 1)[1]))]
+        entries = [e for e in entries if e.model_fingerprint == self.identity.model_digest]
         if not entries:
             return []
         index = LexicalIndex([IndexedDoc(e.canonical, {"i": i}) for i, e in enumerate(entries)])

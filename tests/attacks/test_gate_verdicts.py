@@ -7,7 +7,7 @@ import pytest
 
 from kvrag import InputError, KVEngine, MemoryStore
 from kvrag.core.protocol import BlendLimits
-from kvrag.reuse.gate import BlendGate, GateResult
+from kvrag.reuse.gate import GateResult
 
 from ..conftest import DOC_A, DOC_B, DOC_C, tiny
 
@@ -45,4 +45,4 @@ def test_a_calibration_cannot_loosen_the_engines_limits():
         engine.gate.calibrate([DOC_A, DOC_B, DOC_C], samples=1, max_mean_kl=10.0, min_agreement=0.0)
     # an engine whose owner set looser limits judges by them (and says so in its own setting)
     loose = KVEngine(tiny("llama"), MemoryStore(), blend_limits=BlendLimits(10.0, 0.0))
-    assert BlendGate(loose).calibrate([DOC_A, DOC_B, DOC_C], samples=1).max_mean_kl == 10.0
+    assert loose.gate.calibrate([DOC_A, DOC_B, DOC_C], samples=1).max_mean_kl == 10.0

@@ -9,8 +9,8 @@ import json
 import redis
 
 from kvrag import KVEngine
+from kvrag.core.prefixes import prefix_marks
 from kvrag.core.transcript import Message
-from kvrag.reuse.prefixes import prefix_marks
 
 from ..conftest import DOC_A, DOC_B, DOC_C, QUESTION, tiny
 from .conftest import DEADLINE_S, MODEL_MARGIN_S, timed

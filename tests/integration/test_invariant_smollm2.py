@@ -5,9 +5,9 @@ import torch
 
 from kvrag import KVEngine, MemoryStore, load_model
 from kvrag.apps.verify import verify_model
+from kvrag.core.prefixes import common_prefix
 from kvrag.core.runner import logits_sha256
 from kvrag.core.transcript import Message
-from kvrag.reuse.prefixes import common_prefix
 
 from ..conftest import DOC_A, DOC_B, QUESTION, first_token_sha_at_threads
 

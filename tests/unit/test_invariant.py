@@ -158,7 +158,7 @@ def test_a_sliding_window_model_reuses_whole_stored_states_only():
 def test_forged_prefix_records_graft_nothing():
     """A record is a hint: pointing it at a state whose verified tokens differ grafts only the
     tokens they share (here the chat template's opening), never the rest."""
-    from kvrag.reuse.prefixes import prefix_marks
+    from kvrag.core.prefixes import prefix_marks
 
     model = tiny("llama", "float32", "invariant")
     engine = KVEngine(model, MemoryStore())

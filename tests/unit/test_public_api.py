@@ -11,7 +11,7 @@ EXPECTED = {
     "open_store", "StateStore", "BlobStore", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "verify_model",
     "VerifyReport", "KVRagError", "InputError", "EmptyTextError", "ContextTooLongError", "ModelError", "StateError",
     "StateNotFoundError", "IntegrityError", "SignatureError", "ForeignStateError", "VerificationError", "StoreError",
-    "StoreUnavailableError", "StoreTimeoutError", "StreamFailedError", "RedirectError", "Engine", "EngineIdentity", "Message", "Provenance",
+    "StoreUnavailableError", "StoreTimeoutError", "StreamFailedError", "RedirectError", "Engine", "GenerationOptions", "EngineIdentity", "Message", "Provenance",
 }
 #: Each layer's package and what it exports (users and the adapters import only these).
 PACKAGES = ["kvrag.kernels", "kvrag.models", "kvrag.artifacts", "kvrag.codecs", "kvrag.stores", "kvrag.stores.redis",

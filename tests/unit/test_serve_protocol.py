@@ -9,8 +9,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from kvrag import KVEngine, MemoryStore, StoreError
-from kvrag.server.app import ServeSettings, create_app, question_of
-from kvrag.server.openai_api import ChatRequest, CompletionRequest
+from kvrag.server.app import ServeSettings, create_app
+from kvrag.server.protocol import ChatRequest, CompletionRequest
+from kvrag.server.serving_chat import question_of
 from kvrag.stores import open_store
 from tests.conftest import DOC_A, QUESTION, tiny
 
@@ -49,7 +50,7 @@ def test_unknown_or_unhonoured_fields_anywhere_get_a_400_that_names_them(body, n
 
 
 def test_the_fields_ignored_on_purpose_are_accepted():
-    from kvrag.server.openai_api import IGNORED_FIELDS, IGNORED_MESSAGE_FIELDS
+    from kvrag.server.protocol import IGNORED_FIELDS, IGNORED_MESSAGE_FIELDS
 
     assert set(IGNORED_FIELDS) == {"user", "metadata", "store", "service_tier"} and IGNORED_MESSAGE_FIELDS == ("name",)
     request = chat(user="u1", metadata={"run": "7"}, store=False, service_tier="auto",
@@ -129,13 +130,14 @@ def test_the_port_answers_503_loading_while_the_model_loads(monkeypatch):
 
 def test_api_keys_map_to_tenants_and_guard_every_route_unless_health_is_open():
     from kvrag.server.app import ApiKey
+    from kvrag.server.auth import authorized_tenant
 
     keys = [ApiKey(key="alpha-key-000", tenant="a"), ApiKey(key="beta-key-0000", tenant="b"), ApiKey(key="own-key-0000")]
     settings = ServeSettings(model=MODEL, api_keys=keys)
-    assert [settings.tenant_of(h) for h in ("Bearer alpha-key-000", "bearer beta-key-0000", "Bearer own-key-0000")] == \
+    assert [authorized_tenant(keys, h) for h in ("Bearer alpha-key-000", "bearer beta-key-0000", "Bearer own-key-0000")] == \
         ["a", "b", ""]
     for refused in (None, "", "Bearer", "Bearer ", "Basic alpha-key-000", "Bearer alpha-key-00", "Bearer alpha-key-0000"):
-        assert settings.tenant_of(refused) is None, refused
+        assert authorized_tenant(keys, refused) is None, refused
     engine = KVEngine(tiny("llama"), MemoryStore())
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": QUESTION}],
             "kvrag": {"documents": [DOC_A], "memo": False}}

@@ -82,8 +82,8 @@ class ChatKVRAG(KVEngineFields, BaseChatModel):
         options = self._options(stop, kwargs)
         documents, question = _split(messages)
         if documents:
-            return engine.stream(question or " ", states=states_for(engine, documents), **options)
-        return engine.stream_chat(_conversation(messages), **options)
+            return engine.stream(question or " ", states=states_for(engine, documents), options=options)
+        return engine.stream_chat(_conversation(messages), options=options)
 
     def _final(self, generation: Generation) -> tuple[UsageMetadata, dict[str, Any]]:
         receipt = generation.receipt

@@ -3,12 +3,12 @@ use from the model and store fields) and the decoding options a call passes to i
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from kvrag import KVEngine
+from kvrag import GenerationOptions, KVEngine
+from kvrag.apps import EngineOpener, call_options
 
 __all__ = ["KVEngineFields"]
 
@@ -31,32 +31,23 @@ class KVEngineFields(BaseModel):
     seed: int | None = None
     deposit_missing: bool = True
     graft: bool = True  # False: re-read every document as text, same tokens and segments (plain text RAG)
-    _opened: KVEngine | None = PrivateAttr(default=None)
-    _opening: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _opener: EngineOpener = PrivateAttr(default_factory=EngineOpener)
 
     @property
     def _llm_type(self) -> str:
         return "kvrag"
 
     def _engine(self) -> KVEngine:
-        if self.engine is not None:
-            return self.engine
-        with self._opening:  # built once, on first use (never in the constructor), even under `batch`
-            if self._opened is None:
-                self._opened = KVEngine.open(self.model_name, self.store, dtype=self.dtype, attn=self.attn)
-        return self._opened
+        return self._opener.engine(self.engine, self.model_name, self.store, dtype=self.dtype, attn=self.attn)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
         engine = self._engine()
         return {"model_name": engine.model.name, "model_fingerprint": engine.fingerprint, "store": engine.store.url}
 
-    def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationOptions:
         """The engine's options for one call: the fields, overridden by the call's `stop` and kwargs."""
-        return {
-            "max_new_tokens": int(kwargs.get("max_tokens", self.max_tokens)),
-            "stop": stop if stop is not None else self.stop,
-            "graft": self.graft,
-            "deposit_missing": self.deposit_missing and self.graft,
-            **{name: kwargs.get(name, getattr(self, name)) for name in ("temperature", "top_p", "top_k", "seed")},
-        }
+        fields = GenerationOptions(max_new_tokens=self.max_tokens, stop=tuple(self.stop) if self.stop else None,
+                                   graft=self.graft, deposit_missing=self.deposit_missing, temperature=self.temperature,
+                                   top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+        return call_options(fields, {**kwargs, "stop": stop})

@@ -32,7 +32,7 @@ class KVRagLLM(KVEngineFields, LLM):
     model_name: str = Field(default="gemma3-270m", alias="model")  # a base model: what a completion model is for
 
     def _answer(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationStream:
-        return self._engine().stream_complete(prompt, **self._options(stop, kwargs))
+        return self._engine().stream_complete(prompt, options=self._options(stop, kwargs))
 
     def _call(self, prompt: str, stop: list[str] | None = None,
               run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> str:

@@ -34,12 +34,25 @@ def write_report(summary: ABSummary, folder: str | Path) -> Path:
         raise InputError("the A/B report's plots need matplotlib: pip install 'kvrag[report]'") from e
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    rows = summary.rows
+    _plot_ttft(summary, folder / "ttft_by_length.png")
+    _plot_prefill(summary, folder / "prefill_tokens.png")
+    _plot_agreement(summary, folder / "agreement.png")
+    lines = [*_figures(summary), "",
+             "![TTFT by prompt length](ttft_by_length.png)", "",
+             "![Prefill tokens](prefill_tokens.png)", "",
+             "![Agreement](agreement.png)", "",
+             *_row_table(summary)]
+    path = folder / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
+
+def _plot_ttft(summary: ABSummary, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    rows = summary.rows
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, attr, marker in (("text RAG (re-read)", "ttft_text_ms", "o"), ("KV RAG (graft / memo)", "ttft_kv_ms", "s")):
         ax.scatter([r.prompt_tokens for r in rows], [getattr(r, attr) for r in rows], label=label, marker=marker)
@@ -50,9 +63,14 @@ def write_report(summary: ABSummary, folder: str | Path) -> Path:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(folder / "ttft_by_length.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
+
+def _plot_prefill(summary: ABSummary, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    rows = summary.rows
     fig, ax = plt.subplots(figsize=(8, 4.2))
     positions = range(len(rows))
     ax.bar([p - 0.2 for p in positions], [r.prefill_tokens_text for r in rows], width=0.4, label="text RAG")
@@ -63,8 +81,12 @@ def write_report(summary: ABSummary, folder: str | Path) -> Path:
     ax.set_ylim(0, max([r.prefill_tokens_text for r in rows] + [1]) * 1.2)
     ax.legend(loc="upper center", ncols=2)
     fig.tight_layout()
-    fig.savefig(folder / "prefill_tokens.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _plot_agreement(summary: ABSummary, path: Path) -> None:
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     labels = ["accuracy\ntext", "accuracy\nKV", "answer\nagreement", "logits\nbyte-exact", "agreement vs\nmonolithic"]
@@ -75,11 +97,14 @@ def write_report(summary: ABSummary, folder: str | Path) -> Path:
     ax.set_ylim(0, 1.1)
     ax.set_title("Agreement (exact rows) and accuracy (all rows)")
     fig.tight_layout()
-    fig.savefig(folder / "agreement.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
+
+def _figures(summary: ABSummary) -> list[str]:
+    """The report's title and its table of figures."""
     s = summary
-    lines = [
+    return [
         f"# kvrag A/B: {s.model}, k={s.k}, store `{s.store}`, policy {s.policy}"
         + (f", levers: {', '.join(s.levers)}" if s.levers else ""),
         "",
@@ -106,14 +131,14 @@ def write_report(summary: ABSummary, folder: str | Path) -> Path:
         f"| prefill tokens, text / KV | {s.prefill_tokens_text:,} / {s.prefill_tokens_kv:,} |",
         f"| decode tokens, text / KV | {s.decode_tokens_text:,} / {s.decode_tokens_kv:,} |",
         f"| memo hits | {s.memo_hits} |",
-        "",
-        "![TTFT by prompt length](ttft_by_length.png)", "",
-        "![Prefill tokens](prefill_tokens.png)", "",
-        "![Agreement](agreement.png)", "",
-        "| id | question | KV answer | modes (text / KV) | TTFT text / KV | hit text / KV | levers |",
-        "|---|---|---|---|---:|---|---|",
     ]
-    for r in rows:
+
+
+def _row_table(summary: ABSummary) -> list[str]:
+    """One line per question."""
+    lines = ["| id | question | KV answer | modes (text / KV) | TTFT text / KV | hit text / KV | levers |",
+             "|---|---|---|---|---:|---|---|"]
+    for r in summary.rows:
         answer = r.kv_answer.replace("|", "\\|").replace("\n", " ")
         order = ("reordered, answer differs from retrieval order" if r.answer_changed_by_order
                  else "reordered" if r.order_changed else "")
@@ -122,6 +147,4 @@ def write_report(summary: ABSummary, folder: str | Path) -> Path:
                                                 else "blended, same answer")
         lines.append(f"| {r.id} | {r.question} | {answer} | {r.text_mode} / {r.kv_mode} | "
                      f"{r.ttft_text_ms:.0f} / {r.ttft_kv_ms:.0f} ms | {r.text_hit} / {r.kv_hit} | {order} |")
-    path = folder / "report.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return lines

@@ -37,13 +37,13 @@ import torch
 
 from kvrag.apps.ab.results import ABRow, ABSummary, Order, Policy
 from kvrag.core.decoding import cut_at_stops
-from kvrag.core.protocol import Engine
 from kvrag.core.runner import logits_sha256
+from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError, VerificationError
-from kvrag.reuse.gate import BlendGate, kl_divergence
+from kvrag.reuse.gate import kl_divergence
 from kvrag.reuse.levers import ChainWarmer, CorpusChain, stored_prefix_first
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
-from kvrag.reuse.memo import Memo, Provenance
+from kvrag.reuse.memo import Provenance
 
 __all__ = ["run_ab", "STOCK_COMPLETION"]
 
@@ -54,7 +54,7 @@ def _hit(answer: str, golds: Sequence[str]) -> bool:
     return any(g.casefold() in answer.casefold() for g in golds)
 
 
-def _monolithic(engine: Engine, texts: list[str], question: str, max_new_tokens: int) -> tuple[str, str]:
+def _monolithic(engine: KVEngine, texts: list[str], question: str, max_new_tokens: int) -> tuple[str, str]:
     """The conventional arm, as a user's own pipeline runs it: the whole prompt string tokenized at
     once and answered by a stock greedy `model.generate`. Returns (answer, first-token logits SHA-256)."""
     segments = engine.plan(texts)
@@ -73,7 +73,7 @@ def _monolithic(engine: Engine, texts: list[str], question: str, max_new_tokens:
     return text.strip(), logits_sha256(out.logits[0][0])
 
 
-def _stock_completion(engine: Engine, texts: list[str], question: str, max_new_tokens: int) -> str:
+def _stock_completion(engine: KVEngine, texts: list[str], question: str, max_new_tokens: int) -> str:
     """The stock arm: a plain completion prompt as a user of a base model writes it, read by stock
     transformers calls only (its own tokenization, special tokens included, and `model.generate`)."""
     tokenizer = engine.model.tokenizer
@@ -87,7 +87,7 @@ def _stock_completion(engine: Engine, texts: list[str], question: str, max_new_t
 
 
 def run_ab(
-    engine: Engine,
+    engine: KVEngine,
     docs: Sequence[dict[str, Any]],
     questions: Sequence[dict[str, Any]],
     *,
@@ -119,8 +119,7 @@ def run_ab(
     warmer = ChainWarmer(engine) if warm_chains else None
     gate = None
     if blend is not None:
-        blend_gate = BlendGate(engine)
-        gate = blend_gate.result(blend) or blend_gate.calibrate([str(d["text"]) for d in docs], ratio=blend)
+        gate = engine.gate.result(blend) or engine.gate.calibrate([str(d["text"]) for d in docs], ratio=blend)
     rows: list[ABRow] = []
     stock = engine.layout.kind == "completion" if stock is None else stock
     for number, q in enumerate(questions, 1):
@@ -139,7 +138,7 @@ def run_ab(
     })
 
 
-def _row(engine: Engine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
+def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
          order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None,
          stock: bool = False) -> ABRow:
     question, golds = str(q["question"]), [str(a) for a in q["answers"]]
@@ -166,7 +165,7 @@ def _row(engine: Engine, index: LexicalIndex, q: dict[str, Any], k: int, max_new
     memoized = False
     if kv.receipt.mode != "memo" and kv.receipt.exact and _hit(kv.text, golds):  # an approximate answer never is
         try:
-            Memo(engine).memoize(question, kv, states=texts,
+            engine.memo.memoize(question, kv, states=texts,
                                 provenance=Provenance(kind="gold", by=f"kvrag ab: answer contains a gold answer of {q['id']}"))
             memoized = True
         except VerificationError:  # the memo state did not reproduce the answer: nothing stored, row stands
@@ -194,7 +193,7 @@ def _row(engine: Engine, index: LexicalIndex, q: dict[str, Any], k: int, max_new
     )
 
 
-def _summary(engine: Engine, k: int, rows: list[ABRow], policy: Policy, levers: list[str], upfront_ms: float,
+def _summary(engine: KVEngine, k: int, rows: list[ABRow], policy: Policy, levers: list[str], upfront_ms: float,
              warm_chains: int) -> ABSummary:
     exact = [r for r in rows if r.kv_mode != "memo"]
     n = len(rows)

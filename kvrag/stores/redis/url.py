@@ -86,6 +86,33 @@ def redis_store_from_url(url: str) -> RedisStore:
     `KVRAG_REDIS_PASSWORD`, `KVRAG_REDIS_CA_CERT`, `KVRAG_REDIS_CERT`, `KVRAG_REDIS_KEY`.
     """
     redis_url, ours = _split_our_params(url)
+    ttl, frame_bytes, streams, wire, prefix = _our_settings(ours)
+    scheme = urlsplit(redis_url).scheme
+    if scheme == "redis+cluster" and _cluster_tls(redis_url):
+        scheme = "rediss+cluster"
+    if scheme in ("redis", "rediss"):
+        _hosts(urlsplit(redis_url).netloc)  # a port that is not a number fails here, with one line
+    try:
+        import redis
+    except ImportError as e:  # pragma: no cover - redis is a dependency
+        raise StoreError("Redis stores need the redis package: pip install 'redis[hiredis]'") from e
+    if scheme in ("redis", "rediss"):
+        factory, kwargs, frame_pool, node = _server(redis_url, scheme, wire)
+    elif scheme in ("redis+cluster", "rediss+cluster"):
+        (factory, kwargs, frame_pool), node = _cluster(url, redis_url, scheme, wire), None
+    else:
+        raise StoreError(f"not a Redis URL: {url!r}")
+    if "cluster" in scheme:
+        probe = _probe([lambda host=host, port=port: redis.Redis(host=host, port=port, **_short(kwargs))
+                        for host, port in _hosts(urlsplit(redis_url).netloc)[:3]])
+    else:
+        probe = _probe([lambda: redis.Redis.from_url(redis_url, **_short(kwargs))])
+    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster="cluster" in scheme,
+                      streams=streams, frame_pool=frame_pool, node=node, probe=probe)
+
+
+def _our_settings(ours: dict[str, str]) -> tuple[int | None, int, int, str, str]:
+    """kvrag's own query parameters, checked: ttl, frame bytes, streams, wire and key prefix."""
     try:
         ttl = int(ours["ttl"]) if ours.get("ttl") else None
         frame_mib = float(ours.get("frame_mib", DEFAULT_FRAME_BYTES / 2**20))
@@ -99,65 +126,52 @@ def redis_store_from_url(url: str) -> RedisStore:
         raise StoreError("streams (connections a state's frames are fetched over) must be from 1 to 8")
     if not math.isfinite(frame_mib) or not 4096 <= frame_mib * 2**20 <= 1 << 30:
         raise StoreError(f"frame_mib must be from 0.004 (4 KiB) to 1024 (1 GiB), got {shorten(ours['frame_mib'])}")
-    frame_bytes = int(frame_mib * 2**20)
     if ttl is not None and ttl < 1:
         raise StoreError("ttl must be at least 1 second")
     prefix = ours.get("prefix", "kvrag")
     if not prefix or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", prefix):
         raise StoreError(f"prefix {shorten(prefix)} may hold only letters, digits and _ . : - "
                          "(glob characters would let one prefix's gc reach another's keys)")
-    scheme = urlsplit(redis_url).scheme
-    if scheme == "redis+cluster" and _cluster_tls(redis_url):
-        scheme = "rediss+cluster"
-    if scheme in ("redis", "rediss"):
-        _hosts(urlsplit(redis_url).netloc)  # a port that is not a number fails here, with one line
-    try:
-        import redis
-    except ImportError as e:  # pragma: no cover - redis is a dependency
-        raise StoreError("Redis stores need the redis package: pip install 'redis[hiredis]'") from e
+    return ttl, int(frame_mib * 2**20), streams, wire, prefix
+
+
+def _server(redis_url: str, scheme: str, wire: str) -> tuple[Callable[[], Any], dict[str, Any], Any, Any]:
+    """One server's client factory, its connection options, and (plain TCP, direct wire) the frame
+    pool and the node it reads from."""
+    import redis
+
+    kwargs = _connection_kwargs(redis_url)
     frame_pool, node = None, None
-    if scheme in ("redis", "rediss"):
-        kwargs = _connection_kwargs(redis_url)
-        if scheme == "redis" and wire == "direct":
-            parsed = redis.connection.parse_url(redis_url)
-            node = (parsed.get("host", "localhost"), int(parsed.get("port", 6379)))
-            frame_pool = _frame_pool(kwargs, parsed.get("db", 0), parsed.get("username"), parsed.get("password"))
+    if scheme == "redis" and wire == "direct":
+        parsed = redis.connection.parse_url(redis_url)
+        node = (parsed.get("host", "localhost"), int(parsed.get("port", 6379)))
+        frame_pool = _frame_pool(kwargs, parsed.get("db", 0), parsed.get("username"), parsed.get("password"))
+    return (lambda: redis.Redis.from_url(redis_url, **kwargs)), kwargs, frame_pool, node
 
-        def factory() -> Any:
-            return redis.Redis.from_url(redis_url, **kwargs)
 
-    elif scheme in ("redis+cluster", "rediss+cluster"):
-        parts = urlsplit(redis_url)
-        nodes = [redis.cluster.ClusterNode(host, port) for host, port in _hosts(parts.netloc)]
-        if not nodes:
-            raise StoreError(f"redis+cluster:// needs at least one host:port, got {url!r}")
-        kwargs = {**_connection_kwargs(redis_url.replace(parts.scheme, scheme, 1)), **_cluster_options(parts.query)}
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+def _cluster(url: str, redis_url: str, scheme: str, wire: str) -> tuple[Callable[[], Any], dict[str, Any], Any]:
+    """A cluster's client factory, its connection options, and (plain TCP, direct wire) the frame pool."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-        kwargs["retry"] = Retry(NoBackoff(), 0)  # the cluster client's own retries (backoff, attempts): none
-        if parts.username:
-            kwargs["username"] = unquote(parts.username)
-        if parts.password:
-            kwargs["password"] = unquote(parts.password)
-        if scheme == "rediss+cluster":
-            kwargs["ssl"] = True  # TLS or nothing: a node that does not speak it is unreachable, never plaintext
-        elif wire == "direct":
-            frame_pool = _frame_pool(kwargs, 0, kwargs.get("username"), kwargs.get("password"))
-        options = {k: v for k, v in kwargs.items() if k != "retry_on_timeout"}
-
-        def factory() -> Any:
-            return redis.RedisCluster(startup_nodes=nodes, **options)
-
-    else:
-        raise StoreError(f"not a Redis URL: {url!r}")
-    if "cluster" in scheme:
-        probe = _probe([lambda host=host, port=port: redis.Redis(host=host, port=port, **_short(kwargs))
-                        for host, port in _hosts(urlsplit(redis_url).netloc)[:3]])
-    else:
-        probe = _probe([lambda: redis.Redis.from_url(redis_url, **_short(kwargs))])
-    return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster="cluster" in scheme,
-                      streams=streams, frame_pool=frame_pool, node=node, probe=probe)
+    parts = urlsplit(redis_url)
+    nodes = [redis.cluster.ClusterNode(host, port) for host, port in _hosts(parts.netloc)]
+    if not nodes:
+        raise StoreError(f"redis+cluster:// needs at least one host:port, got {url!r}")
+    kwargs = {**_connection_kwargs(redis_url.replace(parts.scheme, scheme, 1)), **_cluster_options(parts.query)}
+    kwargs["retry"] = Retry(NoBackoff(), 0)  # the cluster client's own retries (backoff, attempts): none
+    if parts.username:
+        kwargs["username"] = unquote(parts.username)
+    if parts.password:
+        kwargs["password"] = unquote(parts.password)
+    frame_pool = None
+    if scheme == "rediss+cluster":
+        kwargs["ssl"] = True  # TLS or nothing: a node that does not speak it is unreachable, never plaintext
+    elif wire == "direct":
+        frame_pool = _frame_pool(kwargs, 0, kwargs.get("username"), kwargs.get("password"))
+    options = {k: v for k, v in kwargs.items() if k != "retry_on_timeout"}
+    return (lambda: redis.RedisCluster(startup_nodes=nodes, **options)), kwargs, frame_pool
 
 
 #: a cluster URL's query parameters that kvrag passes to redis-py (anything else is refused)

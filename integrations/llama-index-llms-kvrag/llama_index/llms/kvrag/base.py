@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any, AsyncGenerator, Generator, Iterator, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -27,8 +26,8 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from llama_index.retrievers.kvrag import KVRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from kvrag import GenerationStream, KVEngine, StateRef
-from kvrag.apps import RECEIPT_KEY, STATE_KEY, states_for
+from kvrag import GenerationOptions, GenerationStream, KVEngine, StateRef
+from kvrag.apps import RECEIPT_KEY, STATE_KEY, EngineOpener, call_options, states_for
 
 __all__ = ["KVRagLLM", "KVSynthesizer", "KVQueryEngine"]
 
@@ -69,8 +68,7 @@ class KVRagLLM(CustomLLM):
     seed: int | None = None
     deposit_missing: bool = True
     graft: bool = True  # False: read every prompt as text, in the same segments (plain text RAG)
-    _opened: KVEngine | None = PrivateAttr(default=None)
-    _opening: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _opener: EngineOpener = PrivateAttr(default_factory=EngineOpener)
 
     @classmethod
     def class_name(cls) -> str:
@@ -78,22 +76,14 @@ class KVRagLLM(CustomLLM):
 
     def kv_engine(self) -> KVEngine:
         """The engine: the one given, or one built on first use (once, even from several threads)."""
-        if self.engine is not None:
-            return self.engine
-        with self._opening:
-            if self._opened is None:
-                self._opened = KVEngine.open(self.model, self.store, dtype=self.dtype, attn=self.attn)
-        return self._opened
+        return self._opener.engine(self.engine, self.model, self.store, dtype=self.dtype, attn=self.attn)
 
-    def sampling_options(self, kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """This LLM's sampling settings, each overridden by `kwargs` where given."""
-        kwargs = kwargs or {}
-        return {name: kwargs.get(name, getattr(self, name)) for name in ("temperature", "top_p", "top_k", "seed")}
-
-    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {"max_new_tokens": int(kwargs.get("max_new_tokens", kwargs.get("max_tokens", self.max_new_tokens))),
-                "stop": kwargs.get("stop"), "graft": self.graft, "deposit_missing": self.deposit_missing and self.graft,
-                **self.sampling_options(kwargs)}
+    def options(self, kwargs: dict[str, Any] | None = None) -> GenerationOptions:
+        """This LLM's options (its fields), each overridden by a call's `kwargs` where given."""
+        fields = GenerationOptions(max_new_tokens=self.max_new_tokens, graft=self.graft,
+                                   deposit_missing=self.deposit_missing, temperature=self.temperature,
+                                   top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+        return call_options(fields, kwargs or {})
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -109,9 +99,8 @@ class KVRagLLM(CustomLLM):
         engine = self.kv_engine()
         states = kwargs.get("states")
         if states is not None:  # documents handed over as states (KVSynthesizer's way)
-            options = self._options(kwargs)
-            return engine.stream(messages[-1]["content"], states=states, **options)
-        return engine.stream_chat(messages, **self._options(kwargs))
+            return engine.stream(messages[-1]["content"], states=states, options=self.options(kwargs))
+        return engine.stream_chat(messages, options=self.options(kwargs))
 
     @staticmethod
     def _receipt_kwargs(stream: GenerationStream) -> dict[str, Any]:
@@ -155,7 +144,7 @@ class KVRagLLM(CustomLLM):
         model (`KVEngine.stream_complete`); documents handed over as states are grafted from them."""
         if kwargs.get("states") is not None:
             return self._stream([{"role": "user", "content": prompt}], kwargs)
-        return self.kv_engine().stream_complete(prompt, **self._options(kwargs))
+        return self.kv_engine().stream_complete(prompt, options=self.options(kwargs))
 
     def _complete(self, prompt: str, kwargs: dict[str, Any]) -> CompletionResponse:
         stream = self._prompt_stream(prompt, kwargs)
@@ -221,8 +210,8 @@ class KVSynthesizer(BaseSynthesizer):
         return None
 
     def _stream(self, query: str, states: Sequence[StateRef | str]) -> Any:
-        return self._kv_llm.kv_engine().stream(query, states=states, max_new_tokens=self._kv_llm.max_new_tokens,
-                                               deposit_missing=True, **self._kv_llm.sampling_options())
+        return self._kv_llm.kv_engine().stream(query, states=states, options=self._kv_llm.options(),
+                                               deposit_missing=True)
 
     def get_response(self, query_str: str, text_chunks: Sequence[str], **kwargs: Any) -> str:
         """Strings only (LlamaIndex's own path): states are still found by content where stored."""

@@ -1,4 +1,5 @@
-"""The OpenAI wire format, as `kvrag serve` speaks it: requests in, responses and errors out.
+"""The OpenAI wire format, as `kvrag serve` speaks it: typed requests in, typed responses, chunks
+and errors out.
 
 Requests are validated here (pydantic), so the server only ever sees well-formed input. A field
 kvrag does not know, in the request or inside a message, is refused with a 400 that names it; so
@@ -21,15 +22,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvrag.core.decoding import Generation
+from kvrag.core.options import GenerationOptions
 from kvrag.core.receipt import Receipt
 
-__all__ = ["Document", "KVRagOptions", "ChatRequest", "CompletionRequest", "ApiError", "error_body",
-           "chat_response", "chat_chunk", "completion_response", "completion_chunk", "usage_of", "RECEIPT_FIELD",
+__all__ = ["Document", "KVRagOptions", "ChatRequest", "CompletionRequest", "ApiError", "error_body", "Usage",
+           "ChatCompletion", "ChatCompletionChunk", "Completion", "RECEIPT_FIELD",
            "IGNORED_FIELDS", "IGNORED_MESSAGE_FIELDS", "UNSUPPORTED_FIELDS"]
 
 #: The response field that carries the receipt.
@@ -181,6 +183,14 @@ class _Sampling(BaseModel):
     def limit(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
 
+    def options(self, default_max_tokens: int) -> GenerationOptions:
+        """What the engine runs this request with (the server's `max_tokens` when it names none)."""
+        return GenerationOptions(
+            max_new_tokens=self.limit(default_max_tokens), stop=tuple(self.stops) or None, graft=self.kvrag.graft,
+            deposit_missing=self.kvrag.deposit, memo=self.kvrag.memo, temperature=self.temperature,
+            top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+        )
+
 
 class ChatMessage(BaseModel):
     """A chat message; text parts of a content list are joined."""
@@ -259,61 +269,106 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage_of(receipt: Receipt) -> dict[str, Any]:
-    """OpenAI usage; `cached_tokens` are the prompt tokens grafted from stored states."""
-    prompt = receipt.tokens_reused + receipt.tokens_prefilled
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": receipt.decode_tokens,
-        "total_tokens": prompt + receipt.decode_tokens,
-        "prompt_tokens_details": {"cached_tokens": receipt.tokens_reused},
-    }
+class PromptTokensDetails(BaseModel):
+    #: the prompt tokens grafted from stored states (as OpenAI reports its own prompt cache)
+    cached_tokens: int
 
 
-def _common(id: str, object: str, model: str, fingerprint: str, created: int | None = None) -> dict[str, Any]:
-    return {"id": id, "object": object, "created": created or int(time.time()), "model": model,
-            "system_fingerprint": fingerprint}
+class Usage(BaseModel):
+    """OpenAI usage; `prompt_tokens_details.cached_tokens` are the tokens grafted from stored states."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, receipt: Receipt) -> "Usage":
+        prompt = receipt.tokens_reused + receipt.tokens_prefilled
+        return cls(prompt_tokens=prompt, completion_tokens=receipt.decode_tokens,
+                   total_tokens=prompt + receipt.decode_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=receipt.tokens_reused))
 
 
-def chat_response(id: str, model: str, fingerprint: str, generation: Generation) -> dict[str, Any]:
-    choice = {"message": {"role": "assistant", "content": generation.text}}
-    return _whole(_common(id, "chat.completion", model, fingerprint), choice, generation)
+class _Response(BaseModel):
+    """What every response and chunk carries; its body leaves out the optional top-level fields
+    it does not hold (a delta chunk has no usage and no receipt)."""
+
+    id: str
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    system_fingerprint: str
+
+    def body(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        return {k: v for k, v in data.items() if v is not None or k not in _OPTIONAL_FIELDS}
 
 
-def completion_response(id: str, model: str, fingerprint: str, generation: Generation) -> dict[str, Any]:
-    return _whole(_common(id, "text_completion", model, fingerprint), {"text": generation.text}, generation)
+_OPTIONAL_FIELDS = ("usage", RECEIPT_FIELD)
 
 
-def chat_chunk(id: str, model: str, fingerprint: str, created: int, *, delta: dict[str, Any] | None = None,
-               generation: Generation | None = None, usage: bool = False) -> dict[str, Any]:
-    """A `chat.completion.chunk`: a delta, the closing chunk (finish reason and receipt) when
-    `generation` is given, or with `usage` the usage-only chunk that `include_usage` asks for."""
-    chunk = _common(id, "chat.completion.chunk", model, fingerprint, created)
-    return _chunk(chunk, {"delta": delta or {}}, generation, usage)
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
 
 
-def completion_chunk(id: str, model: str, fingerprint: str, created: int, *, text: str = "",
-                     generation: Generation | None = None, usage: bool = False) -> dict[str, Any]:
-    """A streamed `text_completion`, as `chat_chunk`."""
-    chunk = _common(id, "text_completion", model, fingerprint, created)
-    return _chunk(chunk, {"text": text}, generation, usage)
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
 
 
-def _whole(common: dict[str, Any], choice: dict[str, Any], generation: Generation) -> dict[str, Any]:
-    return {
-        **common,
-        "choices": [{"index": 0, **choice, "finish_reason": generation.finish_reason, "logprobs": None}],
-        "usage": usage_of(generation.receipt),
-        RECEIPT_FIELD: generation.receipt.model_dump(mode="json"),
-    }
+class ChatCompletion(_Response):
+    """The whole answer of `POST /v1/chat/completions`, its receipt beside it."""
+
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+    kvrag_receipt: dict[str, Any]
+
+    @classmethod
+    def of(cls, id: str, model: str, fingerprint: str, generation: Generation) -> "ChatCompletion":
+        choice = ChatChoice(message=AssistantMessage(content=generation.text), finish_reason=generation.finish_reason)
+        return cls(id=id, model=model, system_fingerprint=fingerprint, choices=[choice],
+                   usage=Usage.of(generation.receipt), kvrag_receipt=generation.receipt.model_dump(mode="json"))
 
 
-def _chunk(chunk: dict[str, Any], choice: dict[str, Any], generation: Generation | None, usage: bool) -> dict[str, Any]:
-    if usage and generation is not None:
-        return {**chunk, "choices": [], "usage": usage_of(generation.receipt)}
-    finish = generation.finish_reason if generation is not None else None
-    chunk["choices"] = [{"index": 0, **choice, "finish_reason": finish, "logprobs": None}]
-    if generation is not None:
-        chunk[RECEIPT_FIELD] = generation.receipt.model_dump(mode="json")
-    return chunk
+class ChunkChoice(BaseModel):
+    index: int = 0
+    #: the text delta (`{"content": ...}`; the first chunk also names the role; the closing one is empty)
+    delta: dict[str, str]
+    finish_reason: str | None
+    logprobs: None = None
 
+
+class ChatCompletionChunk(_Response):
+    """One server-sent event of a streamed chat answer: a delta, the closing chunk (finish reason
+    and receipt), or the usage-only chunk that `stream_options.include_usage` asks for."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    kvrag_receipt: dict[str, Any] | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class Completion(_Response):
+    """The whole answer of `POST /v1/completions` (also each streamed chunk of one, as OpenAI's)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    kvrag_receipt: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, id: str, model: str, fingerprint: str, generation: Generation) -> "Completion":
+        choice = CompletionChoice(text=generation.text, finish_reason=generation.finish_reason)
+        return cls(id=id, model=model, system_fingerprint=fingerprint, choices=[choice],
+                   usage=Usage.of(generation.receipt), kvrag_receipt=generation.receipt.model_dump(mode="json"))
