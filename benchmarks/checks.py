@@ -23,7 +23,7 @@ from kvrag.data import long_document
 from kvrag.server.app import ApiKey, ServeSettings
 from kvrag.trust import derive_tenant_key
 from kvrag.trust.confidential import encrypt_record, open_manifest, open_record
-from kvrag.trust.payloads import layout_of
+from kvrag.trust.payloads import chunking_of
 from kvrag.trust.signing import check_manifest_bytes, seal, unseal
 
 
@@ -49,11 +49,11 @@ def main() -> None:
     ref = engine.deposit(document)
     stored = engine.store.read(ref.key)
     raw, payload = stored.manifest, stored.payload
-    layout = layout_of(parse_manifest(raw), engine.signing_key)
+    chunking = chunking_of(parse_manifest(raw), engine.signing_key)
     private = KVEngine(model, MemoryStore(), confidential=True)
     private_ref = private.deposit(document)
     sealed = private.store.read(private_ref.key)
-    sealed_layout = layout_of(parse_manifest(open_manifest(sealed.manifest, private.signing_key, private_ref.key)),
+    sealed_layout = chunking_of(parse_manifest(open_manifest(sealed.manifest, private.signing_key, private_ref.key)),
                               private.signing_key)
     encrypted_record = encrypt_record(engine.signing_key, "memo/" + "0" * 64, b"x" * 2048)
     record = seal(engine.signing_key, "memo/" + "0" * 64, b"x" * 2048)
@@ -66,7 +66,7 @@ def main() -> None:
             lambda: check_manifest_bytes(raw, engine.signing_key), args.repeat)),
         ("manifest parsed and validated", f"{len(raw) / 1024:.0f} KiB", timed(lambda: parse_manifest(raw), args.repeat)),
         ("payload keyed BLAKE3 tags (2 threads; every state now)", f"{len(payload) / 2**20:.1f} MiB", timed(
-            lambda: open_payload(payload, layout), max(5, args.repeat // 20))),
+            lambda: open_payload(payload, chunking), max(5, args.repeat // 20))),
         ("payload AES-256-GCM, checked and decrypted (2 threads; confidential)", f"{len(sealed.payload) / 2**20:.1f} MiB",
          timed(lambda: open_payload(sealed.payload, sealed_layout), max(5, args.repeat // 20))),
         ("payload chunk SHA-256 (2 threads; states written before tags)", f"{len(payload) / 2**20:.1f} MiB", timed(

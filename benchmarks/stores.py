@@ -29,40 +29,40 @@ import redis
 from tqdm import tqdm
 
 from kvrag import KVEngine, load_model
-from kvrag.artifacts.digests import CHUNK_BYTES, PayloadLayout, chunk_digests, open_payload
+from kvrag.artifacts.digests import CHUNK_BYTES, PayloadChunking, chunk_digests, open_payload
 from kvrag.artifacts.format import StateManifest
 from kvrag.data import long_document
-from kvrag.stores import Checked, open_store
+from kvrag.stores import Accepted, open_store
 from kvrag.testing import RedisCluster, RedisServer
-from kvrag.trust.payloads import layout_of, seal_payload
+from kvrag.trust.payloads import chunking_of, seal_payload
 
 QUESTION = "According to the document, who built the lighthouse at Varrow Point, and when?"
 KEY = b"a-benchmark-signing-key"
 CHECKS = ("none", "sha256", "blake3-keyed/1", "aes-256-gcm/1")
 
 
-def layouts(payload: bytes, key: str) -> dict[str, tuple[bytes, PayloadLayout | None]]:
-    """Per check: the bytes to store and the layout a reader checks them by (None: no check)."""
-    arms: dict[str, tuple[bytes, PayloadLayout | None]] = {"none": (payload, None)}
+def chunkings(payload: bytes, key: str) -> dict[str, tuple[bytes, PayloadChunking | None]]:
+    """Per check: the bytes to store and the chunking a reader checks them by (None: no check)."""
+    arms: dict[str, tuple[bytes, PayloadChunking | None]] = {"none": (payload, None)}
     digests = chunk_digests(payload)
-    arms["sha256"] = (payload, PayloadLayout(len(payload), CHUNK_BYTES, digests))
+    arms["sha256"] = (payload, PayloadChunking(len(payload), CHUNK_BYTES, digests))
     for confidential in (False, True):
         stored, seal = seal_payload(payload, KEY, key, CHUNK_BYTES, confidential=confidential)
         data = bytes(stored.view()) if confidential else stored
         stored_digests = chunk_digests(data)
         manifest = StateManifest.model_construct(key=key, payload_bytes=len(data), payload_chunk_bytes=CHUNK_BYTES,
                                                  payload_chunks=stored_digests, payload_seal=seal, payload_sha256="")
-        arms[seal.scheme] = (data, layout_of(manifest, KEY))
+        arms[seal.scheme] = (data, chunking_of(manifest, KEY))
     return arms
 
 
-def verified_restore(store, key: str, layout: PayloadLayout | None) -> float:
-    """A read as the engine's checks make it: the layout known before the payload (as a checked
+def verified_restore(store, key: str, chunking: PayloadChunking | None) -> float:
+    """A read as the engine's checks make it: the chunking known before the payload (as a checked
     manifest gives it), every chunk checked by the store as it reads, or here after (memory)."""
     began = time.perf_counter()
-    payload = store.read(key, None if layout is None else lambda raw: Checked(None, layout)).payload
-    if layout is not None:
-        assert open_payload(payload, layout) is not None
+    payload = store.read(key, None if chunking is None else lambda raw: Accepted(None, chunking)).payload
+    if chunking is not None:
+        assert open_payload(payload, chunking) is not None
     return time.perf_counter() - began
 
 
@@ -74,8 +74,8 @@ def add_throughput(results: dict, tier: str, check: str, mib: int, times: list[f
 
 def get_loop(server_url: str, store, key: str) -> float:
     """The frames of `key` fetched by a plain redis-py GET loop, unchecked: the wire's own speed."""
-    record = store.get_record(key)
-    names = [f"{store.prefix}:{{{key}}}:f:{record.payload_id}:{i}" for i in range(len(record.frames))]
+    frame_table = store.get_frame_table(key)
+    names = [f"{store.prefix}:{{{key}}}:f:{frame_table.payload_id}:{i}" for i in range(len(frame_table.frames))]
     client = redis.Redis.from_url(server_url)
     client.get(names[0])
     began = time.perf_counter()
@@ -117,19 +117,19 @@ def main() -> None:
         for mib in (64, 256):
             payload = os.urandom(mib << 20)
             key = f"{mib:04x}" * 16
-            arms = layouts(payload, key)
+            arms = chunkings(payload, key)
             for name, url in tqdm(tiers.items(), desc=f"restore {mib} MiB", unit="tier"):
                 store = open_store(url)
-                for check, (data, layout) in arms.items():
+                for check, (data, chunking) in arms.items():
                     store.put(key, b"{}", data)
-                    verified_restore(store, key, layout)  # warm: page cache, connections
-                    times = [verified_restore(store, key, layout) for _ in range(args.repeat)]
+                    verified_restore(store, key, chunking)  # warm: page cache, connections
+                    times = [verified_restore(store, key, chunking) for _ in range(args.repeat)]
                     if name == "memory":  # it checks bytes it holds once: the rows above are reads again
                         add_throughput(results, "memory, bytes read before", check, mib, times)
                         times = []
                         for _ in range(args.repeat):
                             store.put(key, b"{}", data)  # held anew: a first read, checked
-                            times.append(verified_restore(store, key, layout))
+                            times.append(verified_restore(store, key, chunking))
                     add_throughput(results, name, check, mib, times)
                     if check == "none" and name == "redis":
                         loops = [get_loop(server.url, store, key) for _ in range(args.repeat)]

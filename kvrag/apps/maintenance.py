@@ -1,6 +1,6 @@
 """Looking after a store: list states, inspect one, and collect garbage.
 
-Garbage is what no reader can use: frames that no record refers to (a write that was interrupted
+Garbage is what no reader can use: frames that no frame table refers to (a write that was interrupted
 or superseded), temporary files of interrupted disk writes, records too damaged to parse and,
 on request, states made by other models than the one you keep.
 """
@@ -15,9 +15,9 @@ from kvrag.artifacts.format import decode_payload, parse_manifest
 from kvrag.core.protocol import BlendLimits
 from kvrag.errors import KVRagError, SignatureError, StateNotFoundError
 from kvrag.reuse.gate import GateResult
-from kvrag.stores import Checked, DiskStore, RedisStore, StateStore
+from kvrag.stores import Accepted, DiskStore, RedisStore, StateStore
 from kvrag.trust.confidential import is_private_manifest, open_manifest
-from kvrag.trust.payloads import layout_of
+from kvrag.trust.payloads import chunking_of
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import check_manifest_bytes
 from kvrag.trust.tenants import key_for
@@ -123,25 +123,25 @@ def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None =
             entry["signature"] = signature_verdict(raw, signer)
             entry["manifest"] = parse_manifest(raw).model_dump(mode="json")
 
-            def opened(stored_raw: bytes) -> Checked:  # the payload with the manifest of its own write
+            def opened(stored_raw: bytes) -> Accepted:  # the payload with the manifest of its own write
                 manifest = parse_manifest(open_manifest(stored_raw, signer, key))
-                return Checked(manifest, layout_of(manifest, signer))
+                return Accepted(manifest, chunking_of(manifest, signer))
 
             stored = tier.read(key, opened)
-            if stored is None or stored.checked is None:
+            if stored is None or stored.accepted is None:
                 entry["payload"] = "missing"
             else:
-                layout = stored.checked.layout
-                decode_payload(stored.payload, stored.checked.value, layout)
-                entry["payload"] = f"ok: every chunk passes its {layout.check.name} check and every tensor header " \
+                chunking = stored.accepted.chunking
+                decode_payload(stored.payload, stored.accepted.value, chunking)
+                entry["payload"] = f"ok: every chunk passes its {chunking.chunk_opener.name} check and every tensor header " \
                     "matches the manifest" + ("" if entry["signature"] == "valid" else f" (but the signature is {entry['signature']})")
         except KVRagError as e:
             entry.setdefault("signature", "not your key" if isinstance(e, SignatureError) else "unreadable")
             entry["payload"] = entry.get("payload") or f"{type(e).__name__}: {e}"
             entry.setdefault("error", f"{type(e).__name__}: {e}")
         if isinstance(tier, RedisStore):
-            record = tier.get_record(key)
-            entry["frames"] = len(record.frames) if record else None
+            frame_table = tier.get_frame_table(key)
+            entry["frames"] = len(frame_table.frames) if frame_table else None
         found[tier.url] = entry
     if not found:
         raise StateNotFoundError(f"no state {key} in {store.url}")
@@ -151,7 +151,7 @@ def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None =
 def collect_garbage(store: StateStore, *, keep_fingerprint: str | None = None, dry_run: bool = False,
                     grace_s: float = 600.0) -> GcReport:
     """Drop what no reader can use. Temporary files and orphan frames younger than `grace_s` may
-    belong to a write in progress (its record or rename comes last) and are kept."""
+    belong to a write in progress (its frame table or rename comes last) and are kept."""
     report = GcReport(dry_run=dry_run)
     for tier in store.tiers:
         if isinstance(tier, RedisStore):

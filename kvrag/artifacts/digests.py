@@ -3,7 +3,7 @@
 A payload is stored as fixed-size chunks. A manifest commits to each chunk's SHA-256 (the record
 of what was stored) and, in states written since, to a faster per-read check: a keyed tag, or the
 tag of an AEAD that also keeps the chunk confidential (see `kvrag.trust.payloads`). A reader checks
-each chunk with the layout's `ChunkOpener` on the hashing threads (hashlib, BLAKE3 and OpenSSL
+each chunk with the chunking's `ChunkOpener` on the hashing threads (hashlib, BLAKE3 and OpenSSL
 release the GIL on large buffers) while the next one is on the wire, and hands over a buffer that
 records what checked it; nothing is checked twice.
 """
@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from kvrag.artifacts.pages import warm_pages
 
-__all__ = ["CHUNK_BYTES", "LEGACY_CHUNK_BYTES", "PayloadLayout", "ChunkOpener", "Sha256Chunks", "chunk_digests", "CheckedBuffer", "HeldBytes",
+__all__ = ["CHUNK_BYTES", "LEGACY_CHUNK_BYTES", "PayloadChunking", "ChunkOpener", "Sha256Chunks", "chunk_digests", "CheckedBuffer", "HeldBytes",
            "hash_pool", "read_checked", "open_payload", "stored_form"]
 
 #: the chunk size of states written now: one Redis frame per chunk. Redis copies each reply into a
@@ -67,11 +67,11 @@ class Sha256Chunks(ChunkOpener):
 
 
 @dataclass(frozen=True)
-class PayloadLayout:
+class PayloadChunking:
     """How a stored payload is cut and checked, as signed data says: a reader allocates `size`
     bytes (`plain_size` for the plaintext of a sealed one) and opens each `chunk_bytes` chunk with
     `opener` as it arrives. `chunks` are the stored chunks' SHA-256 digests (what a store's own
-    record must list); `opener` defaults to checking those."""
+    frame table must list); `opener` defaults to checking those."""
 
     size: int
     chunk_bytes: int
@@ -80,7 +80,7 @@ class PayloadLayout:
     plain_size: int | None = None
 
     @property
-    def check(self) -> ChunkOpener:
+    def chunk_opener(self) -> ChunkOpener:
         return self.opener if self.opener is not None else Sha256Chunks(self.chunk_bytes, self.chunks)
 
     @property
@@ -94,7 +94,7 @@ class PayloadLayout:
     @property
     def plain_chunk_bytes(self) -> int:
         """The plaintext bytes of one stored chunk (less an AEAD's tag)."""
-        return self.chunk_bytes - self.check.overhead
+        return self.chunk_bytes - self.chunk_opener.overhead
 
     def plain_slot(self, plain: "CheckedBuffer", index: int) -> memoryview:
         """Where chunk `index`'s plaintext goes in the plaintext buffer of a payload not opened in place."""
@@ -159,19 +159,19 @@ def stored_form(payload: Any) -> Any:
     return payload if sealed is None else sealed
 
 
-def read_checked(readinto: Callable[[memoryview], int], layout: PayloadLayout) -> CheckedBuffer | None:
-    """`layout.size` stored bytes read chunk by chunk, each opened on the pool while the next is
+def read_checked(readinto: Callable[[memoryview], int], chunking: PayloadChunking) -> CheckedBuffer | None:
+    """`chunking.size` stored bytes read chunk by chunk, each opened on the pool while the next is
     read. The plaintext buffer, or None if a read comes up short or a chunk is not authentic."""
-    opener = layout.check
-    stored = CheckedBuffer(layout.size)
-    out = stored if opener.in_place else CheckedBuffer(layout.plaintext_bytes)
+    opener = chunking.chunk_opener
+    stored = CheckedBuffer(chunking.size)
+    out = stored if opener.in_place else CheckedBuffer(chunking.plaintext_bytes)
     view = stored.view()
     checks = []
-    for index, start in enumerate(range(0, layout.size, layout.chunk_bytes)):
-        chunk = view[start : start + layout.chunk_bytes]
+    for index, start in enumerate(range(0, chunking.size, chunking.chunk_bytes)):
+        chunk = view[start : start + chunking.chunk_bytes]
         if readinto(chunk) != len(chunk):
             return None
-        target = chunk if opener.in_place else layout.plain_slot(out, index)
+        target = chunk if opener.in_place else chunking.plain_slot(out, index)
         checks.append(hash_pool().submit(opener.open, index, chunk, target))
     if not all(check.result() for check in checks):
         return None
@@ -181,23 +181,23 @@ def read_checked(readinto: Callable[[memoryview], int], layout: PayloadLayout) -
     return out
 
 
-def open_payload(data: Any, layout: PayloadLayout) -> CheckedBuffer | memoryview | None:
+def open_payload(data: Any, chunking: PayloadChunking) -> CheckedBuffer | memoryview | None:
     """The checked plaintext of stored bytes `data` (any buffer): the buffer itself when it was
-    checked against this layout already, else each chunk opened on the pool. None if a chunk is
-    not authentic or the size is not the layout's."""
-    opener = layout.check
+    checked against this chunking already, else each chunk opened on the pool. None if a chunk is
+    not authentic or the size is not the chunking's."""
+    opener = chunking.chunk_opener
     if isinstance(data, CheckedBuffer) and data.checked_by == opener.identity:
         return data
     view = data.view() if isinstance(data, CheckedBuffer) else memoryview(data).cast("B")
-    if len(view) != layout.size:
+    if len(view) != chunking.size:
         return None
     if isinstance(data, HeldBytes) and opener.in_place and data.checked_by == opener.identity:
         return view
-    out = None if opener.in_place else CheckedBuffer(layout.plaintext_bytes)
+    out = None if opener.in_place else CheckedBuffer(chunking.plaintext_bytes)
     jobs = []
-    for index, start in enumerate(range(0, layout.size, layout.chunk_bytes)):
-        chunk = view[start : start + layout.chunk_bytes]
-        jobs.append((index, chunk, chunk if out is None else layout.plain_slot(out, index)))
+    for index, start in enumerate(range(0, chunking.size, chunking.chunk_bytes)):
+        chunk = view[start : start + chunking.chunk_bytes]
+        jobs.append((index, chunk, chunk if out is None else chunking.plain_slot(out, index)))
     if len(jobs) == 1:
         ok = [opener.open(*jobs[0])]
     else:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, Mapping
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvrag.artifacts.digests import LEGACY_CHUNK_BYTES, CheckedBuffer, PayloadLayout, open_payload
+from kvrag.artifacts.digests import LEGACY_CHUNK_BYTES, CheckedBuffer, PayloadChunking, open_payload
 from kvrag.errors import IntegrityError
 from kvrag.models.fingerprints import HardwareFingerprint, ModelFingerprint
 
@@ -160,10 +160,10 @@ class StateManifest(BaseModel):
         return self.start + self.token_count
 
     @property
-    def layout(self) -> PayloadLayout:
+    def chunking(self) -> PayloadChunking:
         """The stored payload's size and chunk SHA-256 digests, checked by those digests (a reader
-        with the signing key checks by `payload_seal` instead: `kvrag.trust.payloads.layout_of`)."""
-        return PayloadLayout(self.payload_bytes, self.payload_chunk_bytes, tuple(self.payload_chunks))
+        with the signing key checks by `payload_seal` instead: `kvrag.trust.payloads.chunking_of`)."""
+        return PayloadChunking(self.payload_bytes, self.payload_chunk_bytes, tuple(self.payload_chunks))
 
     @property
     def plain_bytes(self) -> int:
@@ -288,22 +288,22 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES[dtype]
 
 
-def decode_payload(buffer: Any, manifest: StateManifest, layout: PayloadLayout | None = None) -> dict[str, torch.Tensor]:
+def decode_payload(buffer: Any, manifest: StateManifest, chunking: PayloadChunking | None = None) -> dict[str, torch.Tensor]:
     """Tensors over the plaintext of stored `buffer` (no copy for an unencrypted one), after
-    checking its chunks by `layout` (default: the manifest's SHA-256 digests) and every header entry.
+    checking its chunks by `chunking` (default: the manifest's SHA-256 digests) and every header entry.
 
     `buffer` is any object with the buffer protocol (bytes, bytearray, mmap, memoryview), or a
-    `CheckedBuffer` a store already opened by the same layout. The returned tensors alias the
+    `CheckedBuffer` a store already opened by the same chunking. The returned tensors alias the
     plaintext; kvrag never writes into them (a graft concatenates into new tensors).
     """
-    layout = layout or manifest.layout
+    chunking = chunking or manifest.chunking
     size = len(buffer) if isinstance(buffer, CheckedBuffer) else memoryview(buffer).nbytes
-    if not (isinstance(buffer, CheckedBuffer) and buffer.checked_by == layout.check.identity) and size != layout.size:
-        raise IntegrityError(f"state {manifest.key[:12]}: payload is {size} bytes, manifest says {layout.size}")
-    opened = open_payload(buffer, layout)
+    if not (isinstance(buffer, CheckedBuffer) and buffer.checked_by == chunking.chunk_opener.identity) and size != chunking.size:
+        raise IntegrityError(f"state {manifest.key[:12]}: payload is {size} bytes, manifest says {chunking.size}")
+    opened = open_payload(buffer, chunking)
     if opened is None:
         raise IntegrityError(f"state {manifest.key[:12]}: a payload chunk does not match its manifest "
-                             f"({layout.check.name} check failed)")
+                             f"({chunking.chunk_opener.name} check failed)")
     return plaintext_tensors(opened.view() if isinstance(opened, CheckedBuffer) else opened, manifest)
 
 

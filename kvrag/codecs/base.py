@@ -40,7 +40,7 @@ class LayerCodec(ABC):
     def expected_span(self, start: int, end: int) -> tuple[int, int]:
         """(first position, length) a state of positions [start, end) holds for this layer."""
 
-    def check(self, entry: LayerEntry, start: int, end: int) -> str | None:
+    def refusal(self, entry: LayerEntry, start: int, end: int) -> str | None:
         """Why `entry` cannot be this layer's part of a state of [start, end) (None: it fits)."""
         if entry.kind != self.kind or entry.window != self.window:
             return f"is {entry.kind} (window {entry.window}), the model's is {self.kind} (window {self.window})"

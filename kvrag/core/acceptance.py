@@ -21,10 +21,10 @@ from kvrag.codecs import LayerCodec, StatePart
 from kvrag.core.schedule import Segment
 from kvrag.errors import ForeignStateError, IntegrityError, SignatureError
 from kvrag.models.fingerprints import HardwareFingerprint
-from kvrag.stores import Checked, StateStore
+from kvrag.stores import Accepted, StateStore
 from kvrag.trust.confidential import open_manifest
 from kvrag.trust.identity import EngineIdentity
-from kvrag.trust.payloads import layout_of
+from kvrag.trust.payloads import chunking_of
 from kvrag.trust.signing import check_manifest_bytes
 
 __all__ = ["Restored", "StateAcceptance"]
@@ -50,13 +50,13 @@ class StateAcceptance:
         self.vocabulary = vocabulary
         self.allow_unsigned = allow_unsigned
 
-    def expecting(self, key: str, segment: Segment | None = None) -> "_Check":
+    def expecting(self, key: str, segment: Segment | None = None) -> "_BoundAcceptance":
         """The check for the state under `key`, needed as `segment` (or anywhere, for ancestors).
 
         Whether this thread still runs as the engine was built is asked here, on the caller's
         thread (a store may run the check on a worker thread, where thread counts read differently)."""
         self.identity.check_hardware()
-        return _Check(self, key, segment, self.identity.hardware, self.identity.scope)
+        return _BoundAcceptance(self, key, segment, self.identity.hardware, self.identity.scope)
 
     def manifest(self, key: str, raw: bytes, expect: Segment | None, hardware: HardwareFingerprint, scope: str,
                  store: StateStore | None = None) -> StateManifest:
@@ -100,22 +100,22 @@ class StateAcceptance:
         if len(manifest.layers) != len(self.codecs):
             raise IntegrityError(f"state {manifest.key[:12]} has {len(manifest.layers)} layers, the model {len(self.codecs)}")
         for index, (entry, codec) in enumerate(zip(manifest.layers, self.codecs)):
-            why = codec.check(entry, manifest.start, manifest.end)
+            why = codec.refusal(entry, manifest.start, manifest.end)
             if why:
                 raise IntegrityError(f"state {manifest.key[:12]}: layer {index} {why}")
 
-    def payload_layout(self, manifest: StateManifest) -> Any:
+    def payload_chunking(self, manifest: StateManifest) -> Any:
         """How this engine checks the manifest's payload (its keyed tags or AEAD, with this key)."""
-        return layout_of(manifest, self.signing_key)
+        return chunking_of(manifest, self.signing_key)
 
     def payload(self, manifest: StateManifest, payload: Any) -> Restored:
-        tensors = decode_payload(payload, manifest, self.payload_layout(manifest))
+        tensors = decode_payload(payload, manifest, self.payload_chunking(manifest))
         return Restored(manifest, StatePart(manifest.start, manifest.end, manifest.layers, tensors, source=payload))
 
 
 @dataclass(frozen=True)
-class _Check:
-    """`StateAcceptance` bound to one key and position, as a store's `StateCheck`."""
+class _BoundAcceptance:
+    """`StateAcceptance` bound to one key and position, as a store's `Acceptance`."""
 
     acceptance: StateAcceptance
     key: str
@@ -123,9 +123,9 @@ class _Check:
     hardware: HardwareFingerprint
     scope: str
 
-    def manifest(self, raw: bytes, store: StateStore) -> Checked:
+    def manifest(self, raw: bytes, store: StateStore) -> Accepted:
         manifest = self.acceptance.manifest(self.key, raw, self.expect, self.hardware, self.scope, store)
-        return Checked(manifest, self.acceptance.payload_layout(manifest))
+        return Accepted(manifest, self.acceptance.payload_chunking(manifest))
 
     def payload(self, manifest: StateManifest, payload: Any) -> Restored:
         return self.acceptance.payload(manifest, payload)

@@ -75,7 +75,7 @@ class Depositor:
 
     def ensure(self, segment: Segment) -> None:
         """Deposit `segment` unless some tier holds it whole already."""
-        if not self.restorer.has(segment.key, Deadline(self.deadline_s)):
+        if not self.restorer.holds(segment.key, Deadline(self.deadline_s)):
             self.extend([segment])
 
     def deposit(self, segment: Segment, ancestors: Sequence[StatePart]) -> Restored:

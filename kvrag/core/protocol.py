@@ -52,7 +52,7 @@ class Engine(Protocol):
     def ref(self, text: str, *, after: StateRef | None = None) -> StateRef:
         """The ref a deposit of `text` would return, without computing anything."""
 
-    def deposited(self, ref: StateRef) -> bool:
+    def holds(self, ref: StateRef) -> bool:
         """Whether the store holds `ref` whole."""
 
     def ensure(self, text: str, *, after: StateRef | None = None) -> StateRef:

@@ -56,7 +56,7 @@ class Restorer:
         chain.reverse()
         return chain
 
-    def has(self, key: str, deadline: Deadline | None = None) -> bool:
+    def holds(self, key: str, deadline: Deadline | None = None) -> bool:
         """Whether some tier holds `key` whole, manifest and every part of its payload, answered
         within `deadline` (cheap: nothing is hashed; a tier that fails to answer in time counts as
         not holding it)."""

@@ -18,11 +18,11 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from kvrag.artifacts.digests import ChunkOpener, PayloadLayout
+from kvrag.artifacts.digests import ChunkOpener, PayloadChunking
 from kvrag.artifacts.format import StateManifest, header_bytes, payload_plan, tensor_names, tensor_over
 from kvrag.core.acceptance import Restored
 from kvrag.errors import IntegrityError, StateError, StoreTimeoutError, StoreUnavailableError, StreamFailedError
-from kvrag.stores import Checked, Found, StateStore
+from kvrag.stores import Accepted, Found, StateStore
 from kvrag.stores.deadline import Deadline, submit_read
 
 __all__ = ["ChunkProgress", "StreamedTensors", "start_stream"]
@@ -35,7 +35,7 @@ class ChunkProgress:
         self.key = key
         self._cond = threading.Condition()
         self.manifest: StateManifest | None = None
-        self.layout: PayloadLayout | None = None
+        self.chunking: PayloadChunking | None = None
         self.tier: str | None = None
         self._buffer: Any = None
         self._opened: set[int] = set()
@@ -48,13 +48,13 @@ class ChunkProgress:
         self.done = False
 
     # --- reported by the read, on the store's threads
-    def accepted(self, manifest: StateManifest, layout: PayloadLayout, tier: str) -> bool:
+    def accepted(self, manifest: StateManifest, chunking: PayloadChunking, tier: str) -> bool:
         """The manifest passed; False if one was accepted already (a second tier: not streamed)."""
         with self._cond:
             if self.manifest is not None:
                 self._fail(StoreUnavailableError("the state's first tier failed after its manifest was accepted"))
                 return False
-            self.manifest, self.layout, self.tier = manifest, layout, tier
+            self.manifest, self.chunking, self.tier = manifest, chunking, tier
             self.accepted_s = time.perf_counter() - self.began
             self._cond.notify_all()
             return True
@@ -134,7 +134,7 @@ class ChunkProgress:
 
 
 class _StreamOpener(ChunkOpener):
-    """The layout's own check, each result noted in the progress."""
+    """The chunking's own check, each result noted in the progress."""
 
     def __init__(self, inner: ChunkOpener, progress: ChunkProgress) -> None:
         self.inner, self.progress = inner, progress
@@ -150,24 +150,24 @@ class _StreamOpener(ChunkOpener):
         return ok
 
 
-class _StreamCheck:
-    """A reader's `StateCheck` whose accepted manifest and opened chunks are reported as they happen."""
+class _StreamAcceptance:
+    """A reader's `Acceptance` whose accepted manifest and opened chunks are reported as they happen."""
 
-    def __init__(self, check: Any, progress: ChunkProgress) -> None:
-        self.check, self.progress = check, progress
+    def __init__(self, acceptance: Any, progress: ChunkProgress) -> None:
+        self.acceptance, self.progress = acceptance, progress
 
-    def manifest(self, raw: bytes, store: StateStore) -> Checked:
-        checked = self.check.manifest(raw, store)
-        layout = checked.layout
-        assert layout is not None
-        streamed = PayloadLayout(layout.size, layout.chunk_bytes, layout.chunks, _StreamOpener(layout.check, self.progress),
-                                 layout.plain_size)
-        if not self.progress.accepted(checked.value, layout, store.url):
-            return checked  # a later tier: read as usual, for the promotion (the stream has failed)
-        return Checked(checked.value, streamed)
+    def manifest(self, raw: bytes, store: StateStore) -> Accepted:
+        accepted = self.acceptance.manifest(raw, store)
+        chunking = accepted.chunking
+        assert chunking is not None
+        streamed = PayloadChunking(chunking.size, chunking.chunk_bytes, chunking.chunks, _StreamOpener(chunking.chunk_opener, self.progress),
+                                 chunking.plain_size)
+        if not self.progress.accepted(accepted.value, chunking, store.url):
+            return accepted  # a later tier: read as usual, for the promotion (the stream has failed)
+        return Accepted(accepted.value, streamed)
 
     def payload(self, manifest: Any, payload: Any) -> Restored:
-        return self.check.payload(manifest, payload)
+        return self.acceptance.payload(manifest, payload)
 
 
 class StreamedTensors(Mapping[str, torch.Tensor]):
@@ -175,13 +175,13 @@ class StreamedTensors(Mapping[str, torch.Tensor]):
 
     def __init__(self, key: str, progress: ChunkProgress, deadline: Deadline | None) -> None:
         self.key, self.progress, self.deadline = key, progress, deadline
-        assert progress.manifest is not None and progress.layout is not None
-        self.manifest, self.layout = progress.manifest, progress.layout
+        assert progress.manifest is not None and progress.chunking is not None
+        self.manifest, self.chunking = progress.manifest, progress.chunking
         self._plan: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] | None = None
         self._names = [name for i in range(len(self.manifest.layers)) for name in tensor_names(i)]
 
     def _chunk_of(self, offset: int) -> int:
-        return offset // self.layout.plain_chunk_bytes
+        return offset // self.chunking.plain_chunk_bytes
 
     def _get(self, name: str) -> torch.Tensor:
         progress = self.progress
@@ -218,11 +218,11 @@ class StreamedTensors(Mapping[str, torch.Tensor]):
         return len(self._names)
 
 
-def start_stream(store: StateStore, key: str, check: Any, deadline: Deadline | None) -> ChunkProgress:
+def start_stream(store: StateStore, key: str, acceptance: Any, deadline: Deadline | None) -> ChunkProgress:
     """Start reading `key` through `check` on a thread of its own; returns once its manifest is
     accepted (`progress.manifest` set) or the read ended (`progress.result` or `progress.failure`)."""
     progress = ChunkProgress(key)
-    future = submit_read(lambda: store.fetch(key, _StreamCheck(check, progress), deadline))
+    future = submit_read(lambda: store.fetch(key, _StreamAcceptance(acceptance, progress), deadline))
     future.add_done_callback(progress.finish)
     try:
         progress.wait(lambda: progress.manifest is not None, deadline)

@@ -142,7 +142,7 @@ class Continuer:
         """Where the run of the context's own stored states from the start ends (cheap: no hashing)."""
         end = 0
         for segment in context:
-            if not self.restorer.has(segment.key, deadline):
+            if not self.restorer.holds(segment.key, deadline):
                 break
             end = segment.end
         return end

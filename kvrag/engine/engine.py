@@ -166,14 +166,14 @@ class KVEngine:
         """The ref a deposit of `text` would return, without computing or storing anything."""
         return self.planner.ref(self.plan([text], after=after)[0])
 
-    def deposited(self, ref: StateRef) -> bool:
+    def holds(self, ref: StateRef) -> bool:
         """Whether some tier holds `ref` whole, manifest and every payload part (nothing is hashed)."""
-        return self.restorer.has(ref.key, Deadline(self.deadline_s))
+        return self.restorer.holds(ref.key, Deadline(self.deadline_s))
 
     def ensure(self, text: str, *, after: StateRef | None = None) -> StateRef:
         """The ref for `text`, deposited first if no tier has it yet (what retrievers call)."""
         ref = self.ref(text, after=after)
-        return ref if self.deposited(ref) else self.deposit(text, after=after)
+        return ref if self.holds(ref) else self.deposit(text, after=after)
 
     def resolve(self, text: str, key: str) -> StateRef | str:
         """What a framework hands over (a document's text and the state key it was retrieved with)
@@ -287,7 +287,7 @@ class KVEngine:
 
     def _own_ref(self, text: str) -> StateRef | str:
         ref = self.ref(text)
-        return ref if self.deposited(ref) else text
+        return ref if self.holds(ref) else text
 
     def chat(self, messages: Sequence[Message | dict[str, Any]], *, options: GenerationOptions | None = None,
              **settings: Unpack[GenerationSettings]) -> Generation:

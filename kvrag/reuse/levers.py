@@ -53,7 +53,7 @@ def stored_prefix_first(engine: Engine, texts: Sequence[str]) -> list[str]:
                 continue
             checks += 1
             ref = engine.ref(texts[index], after=after)
-            if engine.deposited(ref):
+            if engine.holds(ref):
                 extend([*chain, index], ref)
 
     extend([], None)
@@ -119,7 +119,7 @@ class ChainWarmer:
             self._done.add(pair)
             refs = [self.engine.ref(pair[0])]
             refs.append(self.engine.ref(pair[1], after=refs[0]))
-            if all(self.engine.deposited(r) for r in refs):
+            if all(self.engine.holds(r) for r in refs):
                 continue
             try:
                 refs = self.engine.deposit_chain(list(pair))

@@ -31,13 +31,13 @@ class ServingChat(Serving[ChatRequest]):
         return build
 
     def whole(self, id: str, worker: Worker, generation: Generation) -> dict[str, Any]:
-        return ChatCompletion.of(id, worker.settings.name, worker.fingerprint, generation).body()
+        return ChatCompletion.of(id, worker.settings.name, worker.system_fingerprint, generation).body()
 
     def chunks(self, id: str, worker: Worker, created: int, event: str | Generation | None,
                usage: bool = False) -> list[dict[str, Any]]:
         def chunk(delta: dict[str, str], generation: Generation | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(
-                id=id, created=created, model=worker.settings.name, system_fingerprint=worker.fingerprint,
+                id=id, created=created, model=worker.settings.name, system_fingerprint=worker.system_fingerprint,
                 choices=[ChunkChoice(delta=delta, finish_reason=generation.finish_reason if generation else None)],
                 kvrag_receipt=generation.receipt.model_dump(mode="json") if generation else None)
 
@@ -48,7 +48,7 @@ class ServingChat(Serving[ChatRequest]):
         closing = [chunk({}, event).body()]
         if usage:
             closing.append(ChatCompletionChunk(id=id, created=created, model=worker.settings.name,
-                                               system_fingerprint=worker.fingerprint, choices=[],
+                                               system_fingerprint=worker.system_fingerprint, choices=[],
                                                usage=Usage.of(event.receipt)).body())
         return closing
 

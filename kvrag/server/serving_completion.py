@@ -27,12 +27,12 @@ class ServingCompletion(Serving[CompletionRequest]):
         return lambda: engine.stream_complete(request.text, options=options)
 
     def whole(self, id: str, worker: Worker, generation: Generation) -> dict[str, Any]:
-        return Completion.of(id, worker.settings.name, worker.fingerprint, generation).body()
+        return Completion.of(id, worker.settings.name, worker.system_fingerprint, generation).body()
 
     def chunks(self, id: str, worker: Worker, created: int, event: str | Generation | None,
                usage: bool = False) -> list[dict[str, Any]]:
         def chunk(text: str, generation: Generation | None = None) -> Completion:
-            return Completion(id=id, created=created, model=worker.settings.name, system_fingerprint=worker.fingerprint,
+            return Completion(id=id, created=created, model=worker.settings.name, system_fingerprint=worker.system_fingerprint,
                               choices=[CompletionChoice(text=text, finish_reason=generation.finish_reason
                                                         if generation else None)],
                               kvrag_receipt=generation.receipt.model_dump(mode="json") if generation else None)
@@ -44,6 +44,6 @@ class ServingCompletion(Serving[CompletionRequest]):
         closing = [chunk("", event).body()]
         if usage:
             closing.append(Completion(id=id, created=created, model=worker.settings.name,
-                                      system_fingerprint=worker.fingerprint, choices=[],
+                                      system_fingerprint=worker.system_fingerprint, choices=[],
                                       usage=Usage.of(event.receipt)).body())
         return closing

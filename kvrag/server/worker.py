@@ -34,7 +34,7 @@ class Worker:
         self.engine, self.settings = engine, settings
         self.admission = Admission(settings.concurrency, settings.queue)
         self.threads = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="kvrag-generate")
-        self.fingerprint = "kvrag-" + engine.fingerprint[:16]
+        self.system_fingerprint = "kvrag-" + engine.fingerprint[:16]
         self._tenants: dict[str, KVEngine] = {"": engine}
         self._building = threading.Lock()
 

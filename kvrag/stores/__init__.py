@@ -23,12 +23,12 @@ from kvrag.errors import StoreError
 from kvrag.paths import kvrag_home
 from kvrag.stores.base import (
     UNTRUSTED_PARSE_ERRORS,
+    Acceptance,
+    Accepted,
     BlobStore,
-    Checked,
     Found,
-    ManifestCheck,
-    PayloadLayout,
-    StateCheck,
+    ManifestAcceptance,
+    PayloadChunking,
     StateStore,
     StoredState,
     shorten,
@@ -39,8 +39,8 @@ from kvrag.stores.memory import MemoryStore
 from kvrag.stores.redis import RedisStore, redis_store_from_url
 from kvrag.stores.tiered import TieredStore
 
-__all__ = ["UNTRUSTED_PARSE_ERRORS", "StateStore", "BlobStore", "StoredState", "StateCheck", "Checked", "ManifestCheck",
-           "PayloadLayout", "Found", "Deadline", "Breaker", "DEFAULT_DEADLINE_S", "DiskStore", "MemoryStore", "RedisStore",
+__all__ = ["UNTRUSTED_PARSE_ERRORS", "StateStore", "BlobStore", "StoredState", "Acceptance", "Accepted", "ManifestAcceptance",
+           "PayloadChunking", "Found", "Deadline", "Breaker", "DEFAULT_DEADLINE_S", "DiskStore", "MemoryStore", "RedisStore",
            "TieredStore", "open_store", "default_store_url"]
 
 _SCHEMES = "disk://PATH, memory://, redis://, rediss://, redis+cluster://, rediss+cluster://, or a comma list of them"

@@ -3,7 +3,7 @@
 `StateStore` holds states (a manifest and a payload under one key); `BlobStore` holds small
 records beside them (memo entries, cache lines). A read hands back a manifest and the payload of
 the same write together (`read`), so no reader can pair a manifest with another write's payload.
-`fetch` is a read through the store's checks: the caller's `StateCheck` sees the manifest before
+`fetch` is a read through the store's checks: the caller's `Acceptance` sees the manifest before
 any payload byte is read, then the payload; a tiered store walks its tiers with it (see
 `kvrag.stores.tiered`).
 """
@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
-from kvrag.artifacts.digests import CHUNK_BYTES, PayloadLayout
+from kvrag.artifacts.digests import CHUNK_BYTES, PayloadChunking
 from kvrag.errors import (
     IntegrityError,
     StateError,
@@ -28,7 +28,7 @@ from kvrag.errors import (
 )
 from kvrag.stores.deadline import Breaker, Deadline, bounded
 
-__all__ = ["StateStore", "BlobStore", "StoredState", "StateCheck", "Checked", "ManifestCheck", "PayloadLayout", "Found", "check_key", "check_blob_name",
+__all__ = ["StateStore", "BlobStore", "StoredState", "Acceptance", "Accepted", "ManifestAcceptance", "PayloadChunking", "Found", "check_key", "check_blob_name",
            "UNTRUSTED_PARSE_ERRORS", "shorten"]
 
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -66,34 +66,34 @@ def check_key(key: str) -> str:
 
 
 @dataclass(frozen=True)
-class Checked:
-    """What a manifest check returned: the reader's own value (handed to its payload check) and
-    the payload layout it vouches for (None: the store reads the payload as it is, unchecked)."""
+class Accepted:
+    """What a reader's manifest acceptance returned: its own value (handed to its payload check) and
+    the payload chunking it vouches for (None: the store reads the payload as it is, unchecked)."""
 
     value: Any
-    layout: PayloadLayout | None = None
+    chunking: PayloadChunking | None = None
 
 
-#: A manifest check as a store's `read` takes it: raw manifest bytes in, `Checked` out (or raise).
-ManifestCheck = Callable[[bytes], Checked]
+#: A manifest acceptance as a store's `read` takes it: raw manifest bytes in, `Accepted` out (or raise).
+ManifestAcceptance = Callable[[bytes], Accepted]
 
 
 @dataclass(frozen=True)
 class StoredState:
     """A manifest and the payload written with it. `payload` has the buffer protocol (often a view
-    over a mapping or a received buffer: no copy); `checked` is what the read's check returned."""
+    over a mapping or a received buffer: no copy); `accepted` is what the read's acceptance returned."""
 
     manifest: bytes
     payload: Any
-    checked: Checked | None = None
+    accepted: Accepted | None = None
 
 
-class StateCheck(Protocol[T_co]):
+class Acceptance(Protocol[T_co]):
     """What a reader accepts. Raise a `StateError` from either method to refuse the state."""
 
-    def manifest(self, raw: bytes, store: "StateStore") -> Checked:
+    def manifest(self, raw: bytes, store: "StateStore") -> Accepted:
         """Check manifest bytes (read from `store`) before any payload byte is read; the result's
-        `value` goes to `payload`, its `layout` tells the store how to read and check the payload."""
+        `value` goes to `payload`, its `chunking` tells the store how to read and check the payload."""
 
     def payload(self, manifest: Any, payload: Any) -> T_co:
         """Check the payload against the checked manifest; the result is what `fetch` returns."""
@@ -174,10 +174,10 @@ class StateStore(Guarded, ABC):
     chunk_bytes: int = CHUNK_BYTES
 
     @abstractmethod
-    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
-        """The manifest and payload of one write, or None. `check(manifest)` runs before the payload
+    def read(self, key: str, accept: ManifestAcceptance | None = None) -> StoredState | None:
+        """The manifest and payload of one write, or None. `accept(manifest)` runs before the payload
         is read; what it raises propagates, what it returns is `StoredState.checked`. When that
-        carries a `PayloadLayout`, the payload is read to it and checked chunk by chunk as it
+        carries a `PayloadChunking`, the payload is read to it and checked chunk by chunk as it
         arrives (a payload of another size is an `IntegrityError`)."""
 
     @abstractmethod
@@ -193,16 +193,18 @@ class StateStore(Guarded, ABC):
     @abstractmethod
     def keys(self) -> Iterator[str]: ...
 
-    def complete(self, key: str) -> bool:
-        """Whether the manifest and every part of its payload are present (nothing is hashed)."""
+    def _holds(self, key: str) -> bool:
+        """Whether the manifest and every part of its payload are present (nothing is hashed); each
+        store says so its own way, unguarded: callers ask `holds`."""
         return self.read_manifest(key) is not None
 
     def holds(self, key: str, deadline: Deadline | None = None) -> bool:
-        """`complete(key)` through this tier's guard: within `deadline`, skipped while the breaker is
-        open; a tier that fails to answer in time, or whose stored record does not parse, counts as
-        not holding it (never an error: callers only decide whether to read or deposit)."""
+        """Whether this store holds the state under `key` whole, manifest and every part of its
+        payload (nothing is hashed), through this tier's guard: within `deadline`, skipped while the
+        breaker is open; a tier that fails to answer in time, or whose stored bytes do not parse,
+        counts as not holding it (never an error: callers only decide whether to read or deposit)."""
         try:
-            return self.guarded(lambda: self.complete(key), deadline, f"checking {key[:12]} in {self.url}")
+            return self.guarded(lambda: self._holds(key), deadline, f"checking {key[:12]} in {self.url}")
         except (StoreError, StateError, *UNTRUSTED_PARSE_ERRORS):
             return False
 
@@ -211,17 +213,17 @@ class StateStore(Guarded, ABC):
         """The tiers to read, hot first: a single store is its own only tier."""
         return [self]
 
-    def fetch(self, key: str, check: StateCheck[T], deadline: Deadline | None = None) -> Found[T]:
-        """The state under `key` if it passes `check`, read within `deadline`; raises the
+    def fetch(self, key: str, acceptance: Acceptance[T], deadline: Deadline | None = None) -> Found[T]:
+        """The state under `key` if `acceptance` accepts it, read within `deadline`; raises the
         `StateError` that says why not: an absent key is a `StateNotFoundError`; a store failure,
         a read past the deadline or an open breaker a `StoreUnavailableError`; stored bytes that
         do not parse, whatever the parser raised, an `IntegrityError`."""
         def read_and_check() -> Found[T]:
-            stored = self.read(key, lambda raw: check.manifest(raw, self))
+            stored = self.read(key, lambda raw: acceptance.manifest(raw, self))
             if stored is None:
                 raise StateNotFoundError(f"no state {key[:12]} (or a part of it) in {self.url}")
-            checked = stored.checked.value if stored.checked is not None else None
-            return Found(check.payload(checked, stored.payload), self.url, stored)
+            value = stored.accepted.value if stored.accepted is not None else None
+            return Found(acceptance.payload(value, stored.payload), self.url, stored)
 
         try:
             return self.guarded(read_and_check, deadline, f"reading {key[:12]} from {self.url}")
@@ -233,7 +235,8 @@ class StateStore(Guarded, ABC):
                                  f"{str(e)[:200]}", key=key, tier=self.url) from e
 
     def __contains__(self, key: str) -> bool:
-        return self.read_manifest(key) is not None
+        """`key in store`: `holds(key)`."""
+        return self.holds(key)
 
     def close(self) -> None:
         """Release connections or file handles; the default has none."""

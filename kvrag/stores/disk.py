@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from kvrag.artifacts.digests import read_checked, stored_form
 from kvrag.errors import IntegrityError, StoreError
-from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
+from kvrag.stores.base import BlobStore, ManifestAcceptance, StateStore, StoredState, check_blob_name, check_key
 
 __all__ = ["DiskStore"]
 
@@ -95,34 +95,34 @@ class DiskStore(StateStore, BlobStore):
             raise IntegrityError(f"state file {key[:12]} was truncated while read")
         return length, manifest
 
-    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
-        """The manifest, checked, then the payload of the same file (one open, one `readinto`)."""
+    def read(self, key: str, accept: ManifestAcceptance | None = None) -> StoredState | None:
+        """The manifest, accepted, then the payload of the same file (one open, one `readinto`)."""
 
         def read(f: Any, size: int) -> StoredState:
             length, manifest = self._head(key, f, size)
-            checked = check(manifest) if check else None
+            accepted = accept(manifest) if accept else None
             offset = _payload_offset(length)
             f.seek(offset)
-            layout = checked.layout if checked is not None else None
-            if layout is not None and layout.size == size - offset:
-                # Each chunk is checked as the signed manifest says while the next one is read.
-                payload = read_checked(f.readinto, layout)
+            chunking = accepted.chunking if accepted is not None else None
+            if chunking is not None and chunking.size == size - offset:
+                # Each chunk is accepted as the signed manifest says while the next one is read.
+                payload = read_checked(f.readinto, chunking)
                 if payload is None:
-                    raise IntegrityError(f"state file {key[:12]}: a chunk does not pass its {layout.check.name} check "
+                    raise IntegrityError(f"state file {key[:12]}: a chunk does not pass its {chunking.chunk_opener.name} check "
                                          "or the file changed while read")
-                return StoredState(manifest, payload, checked)
+                return StoredState(manifest, payload, accepted)
             payload = bytearray(size - offset)
             got = f.readinto(payload)
             if got != len(payload):
                 raise IntegrityError(f"state file {key[:12]} changed size while read ({got} of {len(payload)} bytes)")
-            return StoredState(manifest, payload, checked)
+            return StoredState(manifest, payload, accepted)
 
         return self._with_file(key, read)
 
     def read_manifest(self, key: str) -> bytes | None:
         return self._with_file(key, lambda f, size: self._head(key, f, size)[1])
 
-    def complete(self, key: str) -> bool:
+    def _holds(self, key: str) -> bool:
         def whole(f: Any, size: int) -> bool:
             try:
                 length, manifest = self._head(key, f, size)

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from kvrag.artifacts.digests import CheckedBuffer, HeldBytes
 from kvrag.errors import StoreError
-from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
+from kvrag.stores.base import BlobStore, ManifestAcceptance, StateStore, StoredState, check_blob_name, check_key
 
 __all__ = ["MemoryStore"]
 
@@ -76,12 +76,12 @@ class MemoryStore(StateStore, BlobStore):
             self.bytes_held -= _size(entry, value)
 
     # ------------------------------------------------------------------ states
-    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
+    def read(self, key: str, accept: ManifestAcceptance | None = None) -> StoredState | None:
         state = self._get(("state", check_key(key)))
         if state is None:
             return None
         manifest, payload = state
-        return StoredState(manifest, payload, check(manifest) if check else None)
+        return StoredState(manifest, payload, accept(manifest) if accept else None)
 
     def read_manifest(self, key: str) -> bytes | None:
         state = self._get(("state", check_key(key)))

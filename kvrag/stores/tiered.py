@@ -8,10 +8,10 @@ hotter tiers. Blobs are read the same way (the first tier that has one; copied i
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
+from typing import Any, Iterator, Literal, Sequence, TypeVar
 
 from kvrag.errors import StateError, StateNotFoundError, StoreError
-from kvrag.stores.base import BlobStore, Found, ManifestCheck, StateCheck, StateStore, StoredState, check_blob_name
+from kvrag.stores.base import Acceptance, BlobStore, Found, ManifestAcceptance, StateStore, StoredState, check_blob_name
 from kvrag.stores.deadline import Deadline
 
 __all__ = ["TieredStore"]
@@ -42,12 +42,12 @@ class TieredStore(StateStore, BlobStore):
     def tiers(self) -> list[StateStore]:
         return list(self._tiers)
 
-    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
+    def read(self, key: str, accept: ManifestAcceptance | None = None) -> StoredState | None:
         """The first tier's copy (unchecked beyond `check`); `fetch` is the checked, promoting read."""
         errors = []
         for tier in self.tiers:
             try:
-                stored = tier.read(key, check)
+                stored = tier.read(key, accept)
             except StoreError as e:
                 errors.append(str(e))
                 continue
@@ -67,20 +67,17 @@ class TieredStore(StateStore, BlobStore):
                 return raw
         return None
 
-    def complete(self, key: str) -> bool:
-        return any(_quietly(lambda t=tier: t.complete(key)) for tier in self.tiers)
-
     def holds(self, key: str, deadline: Deadline | None = None) -> bool:
         return any(tier.holds(key, deadline) for tier in self.tiers)
 
-    def fetch(self, key: str, check: StateCheck[T], deadline: Deadline | None = None) -> Found[T]:
+    def fetch(self, key: str, acceptance: Acceptance[T], deadline: Deadline | None = None) -> Found[T]:
         """The first copy that passes `check`, tier by tier, all within `deadline`; it is then
         written into the hotter tiers that missed. Raises the most telling `StateError` when no
         tier has a good copy."""
         misses: list[StateError] = []
         for index, tier in enumerate(self.tiers):
             try:
-                found = tier.fetch(key, check, deadline)
+                found = tier.fetch(key, acceptance, deadline)
             except StateError as e:
                 misses.append(e.located(key, tier.url))
                 continue
@@ -198,9 +195,3 @@ class TieredStore(StateStore, BlobStore):
         for tier in self.tiers:
             tier.close()
 
-
-def _quietly(fn: Callable[[], bool]) -> bool:
-    try:
-        return fn()
-    except StoreError:
-        return False

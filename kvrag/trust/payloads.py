@@ -27,10 +27,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, ChunkOpener, PayloadLayout, hash_pool
+from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, ChunkOpener, PayloadChunking, hash_pool
 from kvrag.artifacts.format import AEAD_TAG_BYTES, PayloadSeal, StateManifest
 
-__all__ = ["KeyedTags", "AeadChunks", "seal_payload", "layout_of", "derive"]
+__all__ = ["KeyedTags", "AeadChunks", "seal_payload", "chunking_of", "derive"]
 
 _TAGGED = "blake3-keyed/1"
 _SEALED = "aes-256-gcm/1"
@@ -141,16 +141,16 @@ def seal_payload(plain: Any, signing_key: bytes, state_key: str, chunk_bytes: in
     return stored, PayloadSeal(scheme=_SEALED, nonce=nonce.hex(), plain_bytes=len(view), plain_chunk_bytes=plain_chunk)
 
 
-def layout_of(manifest: StateManifest, signing_key: bytes) -> PayloadLayout:
+def chunking_of(manifest: StateManifest, signing_key: bytes) -> PayloadChunking:
     """How a reader holding `signing_key` checks the manifest's payload: by its keyed tags, by its
     AEAD, or (a manifest that names neither) by its chunks' SHA-256 digests."""
     seal = manifest.payload_seal
-    base = manifest.layout
+    base = manifest.chunking
     if seal is None:
         return base
     if seal.scheme == _TAGGED:
         opener: ChunkOpener = KeyedTags(signing_key, manifest.key, tuple(seal.tags))
-        return PayloadLayout(base.size, base.chunk_bytes, base.chunks, opener)
+        return PayloadChunking(base.size, base.chunk_bytes, base.chunks, opener)
     assert seal.nonce is not None
     opener = AeadChunks(signing_key, manifest.key, bytes.fromhex(seal.nonce), base.count, tuple(base.chunks))
-    return PayloadLayout(base.size, base.chunk_bytes, base.chunks, opener, manifest.plain_bytes)
+    return PayloadChunking(base.size, base.chunk_bytes, base.chunks, opener, manifest.plain_bytes)

@@ -61,13 +61,13 @@ def stored_chunks(engine: KVEngine, key: str) -> tuple[bytes, list[bytes]]:
 
 def rewrite(engine: KVEngine, key: str, chunks: list[bytes]) -> None:
     """The stored chunks of `key` replaced, its manifest untouched: on Redis the frames are SET on
-    the server (the record stays as written), elsewhere the state is written back whole."""
+    the server (the frame table stays as written), elsewhere the state is written back whole."""
     store = engine.store
     if isinstance(store, RedisStore):
-        record = store.get_record(key)
+        frame_table = store.get_frame_table(key)
         client = redis.Redis.from_url(store.url.split("?")[0])
         for index, chunk in enumerate(chunks):
-            client.set(f"{store.prefix}:{{{key}}}:f:{record.payload_id}:{index}", chunk)
+            client.set(f"{store.prefix}:{{{key}}}:f:{frame_table.payload_id}:{index}", chunk)
         client.close()
     else:
         manifest, _ = stored_chunks(engine, key)

@@ -41,6 +41,6 @@ def test_a_state_whose_payload_went_missing_is_deposited_again(server):
     frames = sorted(k.decode() for k in raw.scan_iter(match=f"kvrag:{{{ref.key}}}:f:*"))
     assert len(frames) > 1
     raw.delete(frames[1])
-    assert not victim.deposited(ref)
-    assert victim.ensure(DOC_A) == ref and victim.deposited(ref)
+    assert not victim.holds(ref)
+    assert victim.ensure(DOC_A) == ref and victim.holds(ref)
     assert victim.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.mode == "exact-graft"

@@ -16,7 +16,7 @@ def test_tenants_have_their_own_keys_and_cannot_use_each_others_states(server):
     bob = engine(server.url, namespace="bob")
     ref = alice.deposit(DOC_A)
     assert bob.ref(DOC_A).key != ref.key  # the same text, another address
-    assert not bob.deposited(bob.ref(DOC_A))  # bob cannot tell alice read this text
+    assert not bob.holds(bob.ref(DOC_A))  # bob cannot tell alice read this text
     answer = bob.generate(QUESTION, states=[ref], max_new_tokens=1)
     assert answer.receipt.mode == "text-prefill" and answer.receipt.states[0].reason == "foreign"
     # Without alice's signing key nobody can compute her addresses, even knowing her namespace.

@@ -1,5 +1,5 @@
 """A property over every kind of stored bytes, against a real Redis: whatever a writer changes in a
-manifest, a payload frame, a frame record, a memo entry or a cache entry, the answer is either
+manifest, a payload frame, a frame table, a memo entry or a cache entry, the answer is either
 what the genuine bytes give, or the text's (the bytes refused) - never anything else."""
 
 from __future__ import annotations

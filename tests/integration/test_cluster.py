@@ -37,8 +37,8 @@ def test_a_state_larger_than_100_mb_through_the_cluster(redis_cluster, smollm2):
     engine = KVEngine(smollm2, redis_cluster.url)
     document = long_document(smollm2.tokenizer, 2400)
     ref = engine.deposit(document)
-    record = engine.store.get_record(ref.key)
-    assert record.payload_bytes > 100 * 2**20 and len(record.frames) > 12
+    frame_table = engine.store.get_frame_table(ref.key)
+    assert frame_table.payload_bytes > 100 * 2**20 and len(frame_table.frames) > 12
     graft = engine.generate("Who built the lighthouse?", states=[ref], max_new_tokens=3)
     text = engine.generate("Who built the lighthouse?", states=[ref], max_new_tokens=3, graft=False)
     assert graft.receipt.mode == "exact-graft"

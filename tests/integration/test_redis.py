@@ -14,7 +14,7 @@ from kvrag import IntegrityError, KVEngine, MemoryStore, StoreError, open_store
 from kvrag.artifacts.format import parse_manifest
 from kvrag.cli import app
 from kvrag.stores import DiskStore, RedisStore, TieredStore
-from kvrag.stores.redis.frames import parse_layout
+from kvrag.stores.redis.frames import parse_frame_table
 from kvrag.testing import RedisServer, free_port
 from kvrag.trust.signing import resolve_signing_key, sign_manifest
 
@@ -171,7 +171,7 @@ def test_unsigned_and_wrongly_signed_states_are_refused(redis_server, reference,
 
 
 class KillingRedisStore(RedisStore):
-    """A real Redis tier whose server is killed after the frame record is read, before the frames."""
+    """A real Redis tier whose server is killed after the frame table is read, before the frames."""
 
     def __init__(self, inner: RedisStore, server: RedisServer):
         super().__init__(inner._client_factory, url=inner.url, frame_bytes=inner.frame_bytes)
@@ -286,8 +286,8 @@ def test_frame_records_are_checked_before_allocating(redis_server):
     record = json.loads(_raw(redis_server).get(name))
     record["payload_bytes"] = 1 << 40
     _raw(redis_server).set(name, json.dumps(record))
-    with pytest.raises(IntegrityError, match="frame record is malformed"):
-        parse_layout(_raw(redis_server).get(name))
+    with pytest.raises(IntegrityError, match="frame table is malformed"):
+        parse_frame_table(_raw(redis_server).get(name))
     assert engine.generate(QUESTION, states=[ref], max_new_tokens=1).receipt.states[0].reason == "integrity"
 
 

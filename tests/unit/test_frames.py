@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvrag import IntegrityError
-from kvrag.stores.redis.frames import assemble, make_layout, parse_layout, split
+from kvrag.stores.redis.frames import assemble, make_frame_table, parse_frame_table, split
 
 PAYLOAD = bytes(range(256)) * 40
-RECORD, FRAMES = make_layout(b'{"manifest": true}', PAYLOAD, frame_bytes=1000)
+RECORD, FRAMES = make_frame_table(b'{"manifest": true}', PAYLOAD, frame_bytes=1000)
 RECORD_JSON = RECORD.model_dump_json()
 
 
@@ -25,7 +25,7 @@ def test_split_and_assemble_round_trip():
 @given(st.one_of(st.binary(max_size=600), st.text(max_size=600)))
 def test_random_records(data):
     try:
-        parse_layout(data)
+        parse_frame_table(data)
     except IntegrityError:
         pass
 
@@ -43,7 +43,7 @@ def test_records_with_a_field_replaced(field, value):
     data = json.loads(RECORD_JSON)
     data[field] = value
     try:
-        record = parse_layout(json.dumps(data))
+        record = parse_frame_table(json.dumps(data))
     except IntegrityError:
         return
     # An accepted record still cannot make the genuine frames assemble into other bytes.

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvrag import KVEngine
-from kvrag.artifacts.digests import CheckedBuffer, PayloadLayout, open_payload, read_checked
+from kvrag.artifacts.digests import CheckedBuffer, PayloadChunking, open_payload, read_checked
 from kvrag.artifacts.format import parse_manifest
 from kvrag.errors import IntegrityError, SignatureError, StoreError
 from kvrag.stores import open_store
@@ -24,13 +24,13 @@ STATE = "ab" * 32
 OTHER_STATE = "cd" * 32
 
 
-def layout_for(stored, seal, state_key=STATE, key=KEY, chunk=4096) -> PayloadLayout:
+def chunking_for(stored, seal, state_key=STATE, key=KEY, chunk=4096) -> PayloadChunking:
     size = len(stored)
     count = -(-size // chunk)
     if seal.scheme == "blake3-keyed/1":
-        return PayloadLayout(size, chunk, ("0" * 64,) * count, KeyedTags(key, state_key, tuple(seal.tags)))
+        return PayloadChunking(size, chunk, ("0" * 64,) * count, KeyedTags(key, state_key, tuple(seal.tags)))
     opener = AeadChunks(key, state_key, bytes.fromhex(seal.nonce), count)
-    return PayloadLayout(size, chunk, ("0" * 64,) * count, opener, seal.plain_bytes)
+    return PayloadChunking(size, chunk, ("0" * 64,) * count, opener, seal.plain_bytes)
 
 
 def stored_bytes(stored) -> bytes:
@@ -43,8 +43,8 @@ def test_sealed_payloads_open_to_their_plaintext_and_nothing_else(confidential):
     stored, seal = seal_payload(plain, KEY, STATE, 4096, confidential=confidential)
     raw = stored_bytes(stored)
     assert (raw == plain) is (not confidential)
-    layout = layout_for(raw, seal)
-    opened = open_payload(raw, layout)
+    chunking = chunking_for(raw, seal)
+    opened = open_payload(raw, chunking)
     assert bytes(opened.view() if isinstance(opened, CheckedBuffer) else opened) == plain
     # read chunk by chunk as a disk tier does
     stream = iter(raw[i : i + 4096] for i in range(0, len(raw), 4096))
@@ -54,15 +54,15 @@ def test_sealed_payloads_open_to_their_plaintext_and_nothing_else(confidential):
         view[: len(chunk)] = chunk
         return len(chunk)
 
-    buffer = read_checked(readinto, layout)
-    assert bytes(buffer.view()) == plain and buffer.checked_by == layout.check.identity
-    assert open_payload(buffer, layout) is buffer  # checked once, never again
-    for wrong in (layout_for(raw, seal, state_key=OTHER_STATE), layout_for(raw, seal, key=b"another key")):
+    buffer = read_checked(readinto, chunking)
+    assert bytes(buffer.view()) == plain and buffer.checked_by == chunking.chunk_opener.identity
+    assert open_payload(buffer, chunking) is buffer  # checked once, never again
+    for wrong in (chunking_for(raw, seal, state_key=OTHER_STATE), chunking_for(raw, seal, key=b"another key")):
         assert open_payload(raw, wrong) is None
     flipped = bytearray(raw)
     flipped[4096 * 3 + 7] ^= 0x80
-    assert open_payload(bytes(flipped), layout) is None
-    assert open_payload(raw[:-1], layout) is None
+    assert open_payload(bytes(flipped), chunking) is None
+    assert open_payload(raw[:-1], chunking) is None
 
 
 def test_a_state_written_now_carries_keyed_tags_and_its_sha256_record():

@@ -75,7 +75,7 @@ def test_chain_warming_deposits_both_orders_of_pairs_that_recur_within_its_budge
     assert warmer.drain() == 0  # seen once: nothing yet
     warmer.observe([DOC_B, DOC_A, DOC_C])
     assert warmer.drain() == 2
-    assert e.deposited(e.ref(DOC_B, after=e.ref(DOC_A))) and e.deposited(e.ref(DOC_A, after=e.ref(DOC_B)))
+    assert e.holds(e.ref(DOC_B, after=e.ref(DOC_A))) and e.holds(e.ref(DOC_A, after=e.ref(DOC_B)))
     assert ChainWarmer(e, min_count=1, budget_mib=0).drain() == 0
 
 

@@ -1,6 +1,6 @@
-"""Redis and Redis Cluster tiers: a frame record plus payload frames, pipelined, hash-tagged.
+"""Redis and Redis Cluster tiers: a frame table plus payload frames, pipelined, hash-tagged.
 
-Keys for a state `K` are `PREFIX:{K}:m` (the frame record) and `PREFIX:{K}:f:<payload id>:<i>`
+Keys for a state `K` are `PREFIX:{K}:m` (the frame table) and `PREFIX:{K}:f:<payload id>:<i>`
 (its frames). The `{K}` hash tag puts them all in one cluster slot, so one MGET fetches a whole
 state on a single node. Every Redis failure surfaces as `StoreError`, which the engine treats as a
 miss in this tier: the next tier or a text re-prefill answers instead.
@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator
 from kvrag.artifacts.digests import stored_form
 from kvrag.artifacts.format import parse_manifest
 from kvrag.errors import IntegrityError, RedirectError, StoreError
-from kvrag.stores.base import BlobStore, ManifestCheck, StateStore, StoredState, check_blob_name, check_key
+from kvrag.stores.base import BlobStore, ManifestAcceptance, StateStore, StoredState, check_blob_name, check_key
 from kvrag.stores.deadline import Breaker
-from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameLayout, make_layout, parse_layout
+from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameTable, make_frame_table, parse_frame_table
 from kvrag.stores.redis.wire import FramePool
 
 __all__ = ["RedisStore"]
@@ -68,7 +68,7 @@ class RedisStore(StateStore, BlobStore):
         frames_per_mget: int = 1,
         cluster: bool = False,
         max_state_bytes: int = 16 << 30,
-        streams: int = 2,
+        connections: int = 2,
         frame_pool: FramePool | None = None,
         node: tuple[str, int] | None = None,
         probe: Callable[[], bool] | None = None,
@@ -81,7 +81,7 @@ class RedisStore(StateStore, BlobStore):
         self.chunk_bytes = frame_bytes  # states deposited through this tier: one frame per chunk
         self.ttl = ttl
         self.frames_per_mget = frames_per_mget
-        self.streams = streams
+        self.connections = connections
         #: frames read straight into the payload buffer over our own connections (see
         #: `kvrag.stores.redis.wire`); None: through redis-py
         self.frame_pool = frame_pool
@@ -106,8 +106,8 @@ class RedisStore(StateStore, BlobStore):
     def _mkey(self, key: str) -> str:
         return f"{self.prefix}:{{{check_key(key)}}}:m"
 
-    def _fkeys(self, key: str, record: FrameLayout) -> list[str]:
-        return [f"{self.prefix}:{{{key}}}:f:{record.payload_id}:{i}" for i in range(len(record.frames))]
+    def _fkeys(self, key: str, frame_table: FrameTable) -> list[str]:
+        return [f"{self.prefix}:{{{key}}}:f:{frame_table.payload_id}:{i}" for i in range(len(frame_table.frames))]
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """One round trip; while the breaker is open (the server just timed out or failed), none."""
@@ -120,35 +120,35 @@ class RedisStore(StateStore, BlobStore):
                 self.breaker.trip(f"{type(e).__name__} at {time.strftime('%H:%M:%S')}")
             raise StoreError(f"{what} failed on {self.url}: {type(e).__name__}: {e}") from e
 
-    def get_record(self, key: str) -> FrameLayout | None:
+    def get_frame_table(self, key: str) -> FrameTable | None:
         raw = self._call("GET", lambda: self.client.get(self._mkey(key)))
-        return None if raw is None else parse_layout(raw)
+        return None if raw is None else parse_frame_table(raw)
 
     def read_manifest(self, key: str) -> bytes | None:
-        record = self.get_record(key)
-        return None if record is None else record.manifest.encode()
+        frame_table = self.get_frame_table(key)
+        return None if frame_table is None else frame_table.manifest.encode()
 
-    def read(self, key: str, check: ManifestCheck | None = None) -> StoredState | None:
-        """The record, then its frames: the manifest and payload of one write, always together
+    def read(self, key: str, accept: ManifestAcceptance | None = None) -> StoredState | None:
+        """The frame table, then its frames: the manifest and payload of one write, always together
         (a rewrite of the key in between leaves the old frames until gc)."""
-        record = self.get_record(key)
-        if record is None:
+        frame_table = self.get_frame_table(key)
+        if frame_table is None:
             return None
-        manifest = record.manifest.encode()
-        checked = check(manifest) if check else None
-        # The frame layout comes from the manifest (signed, and checked just now), never from the
-        # record: a record listing anything but exactly the manifest's chunks is refused before a
+        manifest = frame_table.manifest.encode()
+        accepted = accept(manifest) if accept else None
+        # The frame chunking comes from the manifest (signed, and accepted just now), never from the
+        # frame table: a frame table listing anything but exactly the manifest's chunks is refused before a
         # byte is allocated.
-        # (A raw read with no check, for tools, takes the record's layout, bounded by max_state_bytes.)
-        if check is not None:
-            vouched = checked.layout if checked is not None and checked.layout else parse_manifest(manifest).layout
-            if (record.payload_bytes, record.frame_bytes, list(record.frames)) != (
+        # (A raw read with no check, for tools, takes the frame table's chunking, bounded by max_state_bytes.)
+        if accept is not None:
+            vouched = accepted.chunking if accepted is not None and accepted.chunking else parse_manifest(manifest).chunking
+            if (frame_table.payload_bytes, frame_table.frame_bytes, list(frame_table.frames)) != (
                 vouched.size, vouched.chunk_bytes, list(vouched.chunks)
             ):
-                raise IntegrityError(f"state {key[:12]}: its frame record does not list the manifest's chunks")
-        keys = self._fkeys(key, record)
-        layout = checked.layout if checked is not None else None
-        assembler = Assembler(record, self.max_state_bytes, layout)
+                raise IntegrityError(f"state {key[:12]}: its frame table does not list the manifest's chunks")
+        keys = self._fkeys(key, frame_table)
+        chunking = accepted.chunking if accepted is not None else None
+        assembler = Assembler(frame_table, self.max_state_bytes, chunking)
 
         def fetch(batch: list[str]) -> list[Any]:
             if self.cluster:  # a cluster pipeline refuses MGET; its GETs all go to the slot's node
@@ -160,26 +160,26 @@ class RedisStore(StateStore, BlobStore):
 
         if self.frame_pool is not None and keys:
             try:
-                return self._read_direct(keys, assembler, manifest, checked)
+                return self._read_direct(keys, assembler, manifest, accepted)
             except RedirectError:  # the slot moved: redis-py follows it (and refreshes its map) below
-                assembler = Assembler(record, self.max_state_bytes, layout)
-        # Frames are checked on the hashing threads while the next one is on the wire. One frame per
+                assembler = Assembler(frame_table, self.max_state_bytes, chunking)
+        # Frames are accepted on the hashing threads while the next one is on the wire. One frame per
         # request by default: a multi-frame reply makes the server buffer, and the parser grow, tens of
         # megabytes at once.
         for i in range(0, len(keys), self.frames_per_mget):
             if not assembler.add(self._call("MGET frames", fetch, keys[i : i + self.frames_per_mget])):
                 return None
-        return StoredState(manifest, assembler.result(), checked)
+        return StoredState(manifest, assembler.result(), accepted)
 
-    def _read_direct(self, keys: list[str], assembler: Assembler, manifest: bytes, checked: Any) -> StoredState | None:
-        """Each frame received straight into its slot and checked there while the next one is on
-        the wire, over `streams` connections of our own to the node that holds the state."""
+    def _read_direct(self, keys: list[str], assembler: Assembler, manifest: bytes, accepted: Any) -> StoredState | None:
+        """Each frame received straight into its slot and accepted there while the next one is on
+        the wire, over `connections` connections of our own to the node that holds the state."""
         assert self.frame_pool is not None
         pool = self.frame_pool
         if self.breaker.is_open:
             raise StoreError(f"GET frames skipped on {self.url}: {self.breaker.why}")
         host, port = self._node_of(keys[0])
-        lanes = min(self.streams, len(keys))
+        lanes = min(self.connections, len(keys))
 
         def lane(start: int) -> bool:
             connection = pool.take(host, port)
@@ -216,7 +216,7 @@ class RedisStore(StateStore, BlobStore):
         if not all(results):
             return None
         assembler.placed(len(keys))
-        return StoredState(manifest, assembler.result(), checked)
+        return StoredState(manifest, assembler.result(), accepted)
 
     def _node_of(self, name: str) -> tuple[str, int]:
         """The server that holds `name`: the URL's, or the cluster node that serves its slot."""
@@ -226,37 +226,37 @@ class RedisStore(StateStore, BlobStore):
         node = self._call("CLUSTER SLOTS", self.client.get_node_from_key, name)
         return node.host, int(node.port)
 
-    def complete(self, key: str) -> bool:
-        record = self.get_record(key)
-        if record is None:
+    def _holds(self, key: str) -> bool:
+        frame_table = self.get_frame_table(key)
+        if frame_table is None:
             return False
-        if record.payload_bytes > self.max_state_bytes:
+        if frame_table.payload_bytes > self.max_state_bytes:
             return False
-        keys = self._fkeys(key, record)  # one slot (the {key} hash tag): one EXISTS, one round trip
+        keys = self._fkeys(key, frame_table)  # one slot (the {key} hash tag): one EXISTS, one round trip
         return not keys or self._call("EXISTS", lambda: self.client.exists(*keys)) == len(keys)
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.
         payload = stored_form(payload)  # a sealed state promoted here: its stored bytes, never its plaintext
-        record, frames = make_layout(manifest, payload, _chunk_bytes(manifest, self.frame_bytes))
-        keys = self._fkeys(key, record)
+        frame_table, frames = make_frame_table(manifest, payload, _chunk_bytes(manifest, self.frame_bytes))
+        keys = self._fkeys(key, frame_table)
 
         def write() -> None:
             pipe = self.client.pipeline(transaction=False)
             for name, frame in zip(keys, frames):
                 pipe.set(name, frame.tobytes() if len(frames) > 1 else bytes(frame), ex=self.ttl)
             pipe.execute()
-            # The record last: a reader never finds a record whose frames are not all written.
-            self.client.set(self._mkey(key), record.model_dump_json(), ex=self.ttl)
+            # The frame table last: a reader never finds a frame table whose frames are not all written.
+            self.client.set(self._mkey(key), frame_table.model_dump_json(), ex=self.ttl)
 
         self._call("SET", write)
 
     def delete(self, key: str) -> None:
-        record = self.get_record(key)
+        frame_table = self.get_frame_table(key)
 
         def remove() -> None:
-            self.client.delete(self._mkey(key))  # the record first: readers see a miss, never a half
-            for name in self._fkeys(key, record) if record else []:
+            self.client.delete(self._mkey(key))  # the frame table first: readers see a miss, never a half
+            for name in self._fkeys(key, frame_table) if frame_table else []:
                 self.client.delete(name)
 
         self._call("DEL", remove)
@@ -275,8 +275,8 @@ class RedisStore(StateStore, BlobStore):
                 yield match.group(1)
 
     def orphan_frames(self, grace_s: float = 0.0) -> list[str]:
-        """Frame keys that no record refers to (left by an interrupted or superseded write) and
-        that nothing touched for `grace_s` seconds (a write in progress writes its record last)."""
+        """Frame keys that no frame table refers to (left by an interrupted or superseded write) and
+        that nothing touched for `grace_s` seconds (a write in progress writes its frame table last)."""
         wanted: dict[str, set[str]] = {}
         orphans = []
         for name in self._scan(f"{self.prefix}:{{*}}:f:*"):
@@ -286,10 +286,10 @@ class RedisStore(StateStore, BlobStore):
             key = match.group(1)
             if key not in wanted:
                 try:
-                    record = self.get_record(key)
-                except Exception:  # noqa: BLE001 - an unreadable record refers to nothing
-                    record = None
-                wanted[key] = set(self._fkeys(key, record)) if record else set()
+                    frame_table = self.get_frame_table(key)
+                except Exception:  # noqa: BLE001 - an unreadable frame table refers to nothing
+                    frame_table = None
+                wanted[key] = set(self._fkeys(key, frame_table)) if frame_table else set()
             if name not in wanted[key] and self._idle(name) >= grace_s:
                 orphans.append(name)
         return orphans

@@ -2,10 +2,10 @@
 
 A reader checks each frame as the signed manifest says (its keyed tag, its AEAD tag, or for older
 states its SHA-256; see `kvrag.artifacts.digests.ChunkOpener`) on the hashing threads while the
-next one is on the wire; the record's own digests only say which frames belong to it.
+next one is on the wire; the frame table's own digests only say which frames belong to it.
 
-The frame record (JSON) holds the state's manifest and the frames' digests. It is written after
-every frame, so a reader that finds a record finds frames that were complete when it was written;
+The frame table (JSON) holds the state's manifest and the frames' digests. It is written after
+every frame, so a reader that finds a frame table finds frames that were complete when it was written;
 a frame that has since been evicted, truncated or altered makes the whole state a miss. Frames are
 named by the payload's digest, so two writers of the same key never mix their frames.
 """
@@ -19,21 +19,21 @@ from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, PayloadLayout, chunk_digests, hash_pool
+from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, PayloadChunking, chunk_digests, hash_pool
 from kvrag.errors import IntegrityError
 
-__all__ = ["FrameLayout", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "MAX_FRAMES", "Assembler", "make_layout", "parse_layout", "split", "assemble"]
+__all__ = ["FrameTable", "DEFAULT_FRAME_BYTES", "MAX_STATE_BYTES", "MAX_FRAMES", "Assembler", "make_frame_table", "parse_frame_table", "split", "assemble"]
 
 DEFAULT_FRAME_BYTES = CHUNK_BYTES  # the manifest's chunk size: frame checks then stand for the payload check
-MAX_STATE_BYTES = 1 << 36  # 64 GiB: anything larger is a forged or corrupt record
-#: the most frames a record may list (a 512 MiB state in 8 KiB frames; 8 GiB in the default 8 MiB
-#: chunks use 1,024): a forged record listing more is refused before any frame is asked for
+MAX_STATE_BYTES = 1 << 36  # 64 GiB: anything larger is a forged or corrupt frame table
+#: the most frames a frame table may list (a 512 MiB state in 8 KiB frames; 8 GiB in the default 8 MiB
+#: chunks use 1,024): a forged frame table listing more is refused before any frame is asked for
 MAX_FRAMES = 1 << 16
 _HEX64 = r"^[0-9a-f]{64}$"
 _HEX_RUN = re.compile(r"[0-9a-f]*")
 
 
-class FrameLayout(BaseModel):
+class FrameTable(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     format: Literal["kvrag.frames/1"] = "kvrag.frames/1"
@@ -44,11 +44,11 @@ class FrameLayout(BaseModel):
     frames: list[str] = Field(max_length=MAX_FRAMES)
 
     @model_validator(mode="after")
-    def _counts_agree(self) -> "FrameLayout":
+    def _counts_agree(self) -> "FrameTable":
         expected = -(-self.payload_bytes // self.frame_bytes)
         if len(self.frames) != expected:
             raise ValueError(f"{len(self.frames)} frames cannot hold {self.payload_bytes} bytes in {self.frame_bytes}-byte frames")
-        # one C-level pass, not a Python loop per character: a forged record may list a million frames
+        # one C-level pass, not a Python loop per character: a forged frame table may list a million frames
         if any(len(digest) != 64 for digest in self.frames) or not _HEX_RUN.fullmatch("".join(self.frames)):
             raise ValueError("frame digests must be 64 lowercase hex characters")
         return self
@@ -61,24 +61,24 @@ class FrameLayout(BaseModel):
         return min(self.frame_bytes, self.payload_bytes - index * self.frame_bytes)
 
 
-def make_layout(manifest: bytes, payload: bytes | memoryview, frame_bytes: int = DEFAULT_FRAME_BYTES) -> tuple[FrameLayout, list[memoryview]]:
+def make_frame_table(manifest: bytes, payload: bytes | memoryview, frame_bytes: int = DEFAULT_FRAME_BYTES) -> tuple[FrameTable, list[memoryview]]:
     frames = split(payload, frame_bytes)
-    record = FrameLayout(
+    frame_table = FrameTable(
         manifest=manifest.decode(),
         payload_sha256=hashlib.sha256(payload).hexdigest(),
         payload_bytes=len(payload),
         frame_bytes=frame_bytes,
         frames=chunk_digests(payload, frame_bytes),
     )
-    return record, frames
+    return frame_table, frames
 
 
-def parse_layout(raw: bytes) -> FrameLayout:
-    """Parse a frame record; sizes and counts are checked before anything is allocated."""
+def parse_frame_table(raw: bytes) -> FrameTable:
+    """Parse a frame table; sizes and counts are checked before anything is allocated."""
     try:
-        return FrameLayout.model_validate_json(raw)
+        return FrameTable.model_validate_json(raw)
     except (ValidationError, ValueError, UnicodeDecodeError) as e:
-        raise IntegrityError(f"frame record is malformed: {str(e).splitlines()[0]}") from e
+        raise IntegrityError(f"frame table is malformed: {str(e).splitlines()[0]}") from e
 
 
 def split(payload: bytes | memoryview, frame_bytes: int) -> list[memoryview]:
@@ -88,25 +88,25 @@ def split(payload: bytes | memoryview, frame_bytes: int) -> list[memoryview]:
 
 class Assembler:
     """Frames checked (and, for a sealed payload, opened) into one buffer as they arrive, on the
-    hashing threads, by `layout` (default: the record's own SHA-256 digests, for tools' raw reads).
+    hashing threads, by `chunking` (default: the frame table's own SHA-256 digests, for tools' raw reads).
 
     Feed batches in order with `add`, or receive frames into `slot(i)` and call `received(i)`;
     `result()` waits for the checks and returns the plaintext buffer, marked with what checked it,
     or raises `IntegrityError`.
     """
 
-    def __init__(self, record: FrameLayout, max_bytes: int = MAX_STATE_BYTES, layout: PayloadLayout | None = None) -> None:
-        if record.payload_bytes > max_bytes:
-            raise IntegrityError(f"frame record claims {record.payload_bytes} bytes, over this store's limit of {max_bytes}")
-        self.record = record
-        self.layout = layout or PayloadLayout(record.payload_bytes, record.frame_bytes, tuple(record.frames))
-        if (self.layout.size, self.layout.chunk_bytes) != (record.payload_bytes, record.frame_bytes):
-            raise IntegrityError("the frame record's sizes are not the manifest's")
-        self.opener = self.layout.check
-        if self.layout.plaintext_bytes > max_bytes:
-            raise IntegrityError(f"the payload claims {self.layout.plaintext_bytes} bytes, over this store's limit of {max_bytes}")
-        self.buffer = CheckedBuffer(record.payload_bytes)
-        self.plain = self.buffer if self.opener.in_place else CheckedBuffer(self.layout.plaintext_bytes)
+    def __init__(self, frame_table: FrameTable, max_bytes: int = MAX_STATE_BYTES, chunking: PayloadChunking | None = None) -> None:
+        if frame_table.payload_bytes > max_bytes:
+            raise IntegrityError(f"frame table claims {frame_table.payload_bytes} bytes, over this store's limit of {max_bytes}")
+        self.frame_table = frame_table
+        self.chunking = chunking or PayloadChunking(frame_table.payload_bytes, frame_table.frame_bytes, tuple(frame_table.frames))
+        if (self.chunking.size, self.chunking.chunk_bytes) != (frame_table.payload_bytes, frame_table.frame_bytes):
+            raise IntegrityError("the frame table's sizes are not the manifest's")
+        self.opener = self.chunking.chunk_opener
+        if self.chunking.plaintext_bytes > max_bytes:
+            raise IntegrityError(f"the payload claims {self.chunking.plaintext_bytes} bytes, over this store's limit of {max_bytes}")
+        self.buffer = CheckedBuffer(frame_table.payload_bytes)
+        self.plain = self.buffer if self.opener.in_place else CheckedBuffer(self.chunking.plaintext_bytes)
         self._view = self.buffer.view()
         self._next = 0
         self._checks: list[Future[None]] = []
@@ -117,8 +117,8 @@ class Assembler:
             index = self._next
             if frame is None:
                 return False
-            if index >= len(self.record.frames) or len(frame) != self.record.frame_length(index):
-                raise IntegrityError(f"frame {index} is {len(frame)} bytes, expected {self.record.frame_length(min(index, len(self.record.frames) - 1))}")
+            if index >= len(self.frame_table.frames) or len(frame) != self.frame_table.frame_length(index):
+                raise IntegrityError(f"frame {index} is {len(frame)} bytes, expected {self.frame_table.frame_length(min(index, len(self.frame_table.frames) - 1))}")
             self.slot(index)[:] = frame
             self.received(index)
             self._next += 1
@@ -130,11 +130,11 @@ class Assembler:
     def slot(self, index: int) -> memoryview:
         """Where frame `index` goes in the buffer: a reader that receives it there directly calls
         `received(index)` next, and the frame is checked in place."""
-        offset = index * self.record.frame_bytes
-        return self._view[offset : offset + self.record.frame_length(index)]
+        offset = index * self.frame_table.frame_bytes
+        return self._view[offset : offset + self.frame_table.frame_length(index)]
 
     def _plain_slot(self, index: int) -> memoryview:
-        return self.slot(index) if self.plain is self.buffer else self.layout.plain_slot(self.plain, index)
+        return self.slot(index) if self.plain is self.buffer else self.chunking.plain_slot(self.plain, index)
 
     def received(self, index: int) -> None:
         """Frame `index` is in its slot: check it on the hashing threads."""
@@ -147,18 +147,18 @@ class Assembler:
     def result(self) -> CheckedBuffer:
         for check in self._checks:
             check.result()
-        if self._next != len(self.record.frames):
-            raise IntegrityError(f"{self._next} frames arrived, the record lists {len(self.record.frames)}")
+        if self._next != len(self.frame_table.frames):
+            raise IntegrityError(f"{self._next} frames arrived, the frame table lists {len(self.frame_table.frames)}")
         self.plain.checked_by = self.opener.identity
         if self.plain is not self.buffer:
             self.plain.sealed = self.buffer
         return self.plain
 
 
-def assemble(record: FrameLayout, frames: Sequence[bytes | None]) -> CheckedBuffer | None:
+def assemble(frame_table: FrameTable, frames: Sequence[bytes | None]) -> CheckedBuffer | None:
     """One buffer from all the frames, each checked; `None` if any frame is missing."""
-    if len(frames) != len(record.frames) or any(f is None for f in frames):
+    if len(frames) != len(frame_table.frames) or any(f is None for f in frames):
         return None
-    assembler = Assembler(record)
+    assembler = Assembler(frame_table)
     assembler.add(frames)
     return assembler.result()

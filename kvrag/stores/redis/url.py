@@ -17,7 +17,7 @@ from kvrag.stores.redis.wire import FramePool
 
 __all__ = ["redis_store_from_url"]
 
-_OUR_PARAMS = ("ttl", "frame_mib", "prefix", "streams", "wire")
+_OUR_PARAMS = ("ttl", "frame_mib", "prefix", "connections", "wire")
 
 
 def _split_our_params(url: str) -> tuple[str, dict[str, str]]:
@@ -79,14 +79,14 @@ def _hosts(netloc: str) -> list[tuple[str, int]]:
 def redis_store_from_url(url: str) -> RedisStore:
     """`redis://[user:pass@]host:port/db`, `rediss://...` (TLS), or `redis+cluster://h:p[,h:p...]`.
 
-    Query parameters: `ttl` (seconds), `frame_mib` (frame size), `prefix` (key prefix), `streams`
+    Query parameters: `ttl` (seconds), `frame_mib` (frame size), `prefix` (key prefix), `connections`
     (connections a state's frames are received over by the direct wire, default 2), `wire` (`direct`, the default for
     plain TCP: frames received straight into the payload buffer; `client`: through redis-py);
     others go to redis-py. Credentials and TLS files may also come from `KVRAG_REDIS_USERNAME`,
     `KVRAG_REDIS_PASSWORD`, `KVRAG_REDIS_CA_CERT`, `KVRAG_REDIS_CERT`, `KVRAG_REDIS_KEY`.
     """
     redis_url, ours = _split_our_params(url)
-    ttl, frame_bytes, streams, wire, prefix = _our_settings(ours)
+    ttl, frame_bytes, connections, wire, prefix = _our_settings(ours)
     scheme = urlsplit(redis_url).scheme
     if scheme == "redis+cluster" and _cluster_tls(redis_url):
         scheme = "rediss+cluster"
@@ -108,22 +108,22 @@ def redis_store_from_url(url: str) -> RedisStore:
     else:
         probe = _probe([lambda: redis.Redis.from_url(redis_url, **_short(kwargs))])
     return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster="cluster" in scheme,
-                      streams=streams, frame_pool=frame_pool, node=node, probe=probe)
+                      connections=connections, frame_pool=frame_pool, node=node, probe=probe)
 
 
 def _our_settings(ours: dict[str, str]) -> tuple[int | None, int, int, str, str]:
-    """kvrag's own query parameters, checked: ttl, frame bytes, streams, wire and key prefix."""
+    """kvrag's own query parameters, checked: ttl, frame bytes, connections, wire and key prefix."""
     try:
         ttl = int(ours["ttl"]) if ours.get("ttl") else None
         frame_mib = float(ours.get("frame_mib", DEFAULT_FRAME_BYTES / 2**20))
-        streams = int(ours.get("streams", 2))
+        connections = int(ours.get("connections", 2))
         wire = ours.get("wire", "direct")
     except ValueError as e:
-        raise StoreError(f"ttl and streams must be whole numbers and frame_mib a number of MiB: {e}") from e
+        raise StoreError(f"ttl and connections must be whole numbers and frame_mib a number of MiB: {e}") from e
     if wire not in ("direct", "client"):
         raise StoreError("wire must be direct (frames received straight into the payload buffer) or client (redis-py)")
-    if not 1 <= streams <= 8:
-        raise StoreError("streams (connections a state's frames are fetched over) must be from 1 to 8")
+    if not 1 <= connections <= 8:
+        raise StoreError("connections (a state's frames are fetched over) must be from 1 to 8")
     if not math.isfinite(frame_mib) or not 4096 <= frame_mib * 2**20 <= 1 << 30:
         raise StoreError(f"frame_mib must be from 0.004 (4 KiB) to 1024 (1 GiB), got {shorten(ours['frame_mib'])}")
     if ttl is not None and ttl < 1:
@@ -132,7 +132,7 @@ def _our_settings(ours: dict[str, str]) -> tuple[int | None, int, int, str, str]
     if not prefix or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", prefix):
         raise StoreError(f"prefix {shorten(prefix)} may hold only letters, digits and _ . : - "
                          "(glob characters would let one prefix's gc reach another's keys)")
-    return ttl, int(frame_mib * 2**20), streams, wire, prefix
+    return ttl, int(frame_mib * 2**20), connections, wire, prefix
 
 
 def _server(redis_url: str, scheme: str, wire: str) -> tuple[Callable[[], Any], dict[str, Any], Any, Any]:
@@ -203,7 +203,7 @@ def _cluster_options(query: str) -> dict[str, Any]:
             options[name] = value.lower() in ("true", "1", "yes") if name == "ssl_check_hostname" else value
         else:
             raise StoreError(f"redis+cluster:// does not take {shorten(name)}; it takes ssl, {', '.join(_CLUSTER_TLS)}, "
-                             "socket_timeout, socket_connect_timeout and kvrag's own (ttl, frame_mib, prefix, streams, wire)")
+                             "socket_timeout, socket_connect_timeout and kvrag's own (ttl, frame_mib, prefix, connections, wire)")
     return options
 
 

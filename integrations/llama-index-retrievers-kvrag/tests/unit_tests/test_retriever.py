@@ -31,7 +31,7 @@ def test_retriever_nodes_carry_hidden_json_safe_state_keys(tiny_engine, nodes):
     found = retriever.retrieve(QUESTION)
     assert len(found) == 2 and found[0].node.node_id == "varrow-lighthouse"
     node = found[0].node
-    assert len(node.metadata[STATE_KEY]) == 64 and tiny_engine.deposited(tiny_engine.ref(node.text))
+    assert len(node.metadata[STATE_KEY]) == 64 and tiny_engine.holds(tiny_engine.ref(node.text))
     assert STATE_KEY not in node.get_content(MetadataMode.LLM) and STATE_KEY not in node.get_content(MetadataMode.EMBED)
     json.dumps(node.metadata)
     wrapped = KVRetriever.from_defaults(KVEngine(tiny("llama"), MemoryStore()), retriever=retriever, similarity_top_k=1)

@@ -1,4 +1,4 @@
-"""A forged frame record beside a genuine signed manifest allocates nothing it claims."""
+"""A forged frame table beside a genuine signed manifest allocates nothing it claims."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_a_record_claiming_a_huge_payload_is_refused_before_allocating(server, c
     answer = victim.generate(QUESTION, states=[ref], max_new_tokens=1)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert answer.receipt.mode == "text-prefill" and answer.receipt.states[0].reason == "integrity"
-    assert "frame record" in answer.receipt.states[0].detail
+    assert "frame table" in answer.receipt.states[0].detail
     assert answer.receipt.first_token_logits_sha256 == text_logits()
     assert grown_kib < 200 * 1024  # nothing near the claimed size was ever allocated
 
@@ -63,7 +63,7 @@ def test_a_record_listing_more_frames_than_any_state_has_is_refused_before_one_i
     record.update(payload_bytes=count, frame_bytes=1, frames=["0" * 64] * count)
     _raw(server).set(name, json.dumps(record))
     before = _raw(server).info("commandstats").get("cmdstat_exists", {}).get("calls", 0)
-    assert not victim.deposited(ref)  # the completeness check refuses it
+    assert not victim.holds(ref)  # the completeness check refuses it
     assert _raw(server).info("commandstats").get("cmdstat_exists", {}).get("calls", 0) == before
     answer = victim.generate(QUESTION, states=[ref], max_new_tokens=1)
     assert answer.receipt.mode == "text-prefill" and answer.receipt.states[0].reason == "integrity"
