@@ -1,7 +1,8 @@
 """Every code block of the README, the quickstart and the guides runs, offline, as a user pastes it.
 
 A page runs top to bottom in a fresh folder, each block in a fresh process: Python blocks with the
-project's interpreter, shell blocks line by line. A throwaway Redis stands in for the one at
+project's interpreter (forked from one that has imported torch, transformers and kvrag and done
+nothing else: `warm_python.py`), shell blocks line by line. A throwaway Redis stands in for the one at
 127.0.0.1:6379, and a free port for a server's 8000. Three kinds of shell line are checked rather
 than run: `make <target>` (the target exists; `make test` is what runs this), `pip install ...` (the
 local paths exist; this environment already has them), and nothing else. A line ending in `&` runs
@@ -12,6 +13,7 @@ commands of scripts and subcommands that exist.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -59,6 +61,25 @@ def _wait_healthy(port: int, process: subprocess.Popen, timeout: float = 240) ->
 
 
 @pytest.fixture(scope="module")
+def python():
+    """Runs a Python block in a fresh process forked from a warm interpreter: (status, stdout, stderr)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    warm = subprocess.Popen([sys.executable, str(Path(__file__).with_name("warm_python.py"))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+    def run(code: str, cwd: Path, block_env: dict) -> tuple[int, str, str]:
+        assert warm.stdin is not None and warm.stdout is not None
+        warm.stdin.write(json.dumps({"code": code, "cwd": str(cwd), "env": block_env}) + "\n")
+        warm.stdin.flush()
+        answer = json.loads(warm.stdout.readline())
+        return answer["status"], answer["stdout"], answer["stderr"]
+
+    yield run
+    warm.stdin.close()  # type: ignore[union-attr]
+    warm.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
 def redis(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("docs-redis")).start()
     yield server
@@ -67,7 +88,7 @@ def redis(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_block_of_the_page_runs(page: Path, redis, tmp_path):
+def test_every_block_of_the_page_runs(page: Path, redis, python, tmp_path):
     found = blocks(page)
     assert found, f"{page} has no code block"
     port = free_port()
@@ -83,9 +104,8 @@ def test_every_block_of_the_page_runs(page: Path, redis, tmp_path):
             where = f"{page.relative_to(ROOT)} block {index + 1} ({lang})"
             code = localize(code)
             if lang == "python":
-                done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                                      text=True, timeout=900)
-                assert done.returncode == 0, f"{where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+                status, stdout, stderr = python(code, tmp_path, env)
+                assert status == 0, f"{where} failed:\n{stdout[-2000:]}\n{stderr[-3000:]}"
             elif lang == "bash":
                 for line in _lines(code):
                     _run_line(line, where, tmp_path, env, background, port)
