@@ -80,7 +80,7 @@ def test_a_paused_redis_costs_chat_and_generate_at_most_their_deadline(server, a
     for ask in (lambda e: e.generate(QUESTION, states=refs, max_new_tokens=1),
                 lambda e: e.chat(messages, max_new_tokens=1)):
         victim = KVEngine(tiny("llama", "float32", attn), server.url, deadline_s=deadline_s)  # a fresh breaker
-        redis.Redis(port=server.port).execute_command("CLIENT", "PAUSE", 20_000, "ALL")
+        redis.Redis(port=server.port).execute_command("CLIENT", "PAUSE", 8_000, "ALL")
         try:
             answer, took = timed(lambda: ask(victim))
         finally:
