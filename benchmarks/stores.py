@@ -101,8 +101,8 @@ def main() -> None:
         "disk (warm)": f"disk://{tmp / 'disk'}",
         "redis": server.url,
         "redis cluster": cluster.url,
-        "redis, 1 connection, via redis-py": f"{server.url}?streams=1&wire=client",  # how every read went before
-        "redis cluster, 1 connection, via redis-py": f"{cluster.url}?streams=1&wire=client",
+        "redis, 1 connection, via redis-py": f"{server.url}?connections=1&wire=client",  # how every read went before
+        "redis cluster, 1 connection, via redis-py": f"{cluster.url}?connections=1&wire=client",
     }
     # as a `kvrag serve` worker reads: its in-process LRU first (big enough to hold the state: a
     # hit after the first read; 1 MiB: it can never hold it, every read misses it), then Redis

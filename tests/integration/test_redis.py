@@ -113,7 +113,7 @@ def test_a_damaged_redis_copy_is_read_from_the_next_tier(fault, stream, redis_se
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_frames_fetched_over_several_connections_are_checked_alike(fault, wire, redis_server, reference):
     damage, reason = FAULTS[fault]
-    engine = KVEngine(tiny("llama"), f"{redis_server.url}?{FRAME}&streams=3&wire={wire}")
+    engine = KVEngine(tiny("llama"), f"{redis_server.url}?{FRAME}&connections=3&wire={wire}")
     ref = engine.deposit(DOC_A)
     _same_answer(engine.generate(QUESTION, states=[ref], max_new_tokens=6, memo=False), reference)
     damage(redis_server, ref.key)
