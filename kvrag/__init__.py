@@ -8,8 +8,8 @@
     ('Mara Quill built it.', 'exact-graft')
 
 Names are imported when first used, so `import kvrag` (and `kvrag --help`) does not load torch.
-Importing `kvrag.kernels` (which `load_model` does) registers the `invariant` attention kernel with
-transformers.
+`kvrag.kernels.register()` (which `load_model` calls for the invariant kernel) registers it with
+transformers by name; importing kvrag changes nothing outside it.
 """
 
 from __future__ import annotations

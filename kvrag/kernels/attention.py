@@ -28,9 +28,9 @@ other bits among fewer than ~12 rows than among more (float32). Under this kerne
 is oneDNN's product over a reordered weight, fed at least `ROW_BLOCK` rows (`kvrag.kernels.linear`).
 Decoding steps are one row, as in a stock `model.generate`.
 
-The kernel is registered with transformers under the name `invariant` (an attention function and
-its mask), so a stock `AutoModelForCausalLM.from_pretrained(..., attn_implementation="invariant")`
-after `import kvrag`, its linear layers made invariant with
+`register()` registers the kernel with transformers under the name `invariant` (an attention
+function and its mask), so a stock `AutoModelForCausalLM.from_pretrained(..., attn_implementation="invariant")`
+after it, its linear layers made invariant with
 `kvrag.kernels.linear.make_linear_invariant(model)`, computes the same bits as kvrag does.
 """
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kvrag.errors import ModelError
-from kvrag.kernels.attention import INVARIANT
+from kvrag.kernels.attention import INVARIANT, register
 from kvrag.models.fingerprints import ModelFingerprint, model_fingerprint
 from kvrag.models.tiny import TINY_FAMILIES, build_byte_tokenizer, build_tiny_model
 from kvrag.paths import kvrag_home
@@ -130,6 +130,8 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
     attn = attn or DEFAULT_ATTN
     if attn not in _ATTNS:
         raise ModelError(f"unsupported attention implementation {attn!r}; use one of {', '.join(_ATTNS)}")
+    if attn == INVARIANT:
+        register()  # transformers looks the kernel up by name
     if name.startswith("tiny-random-"):
         family = name.removeprefix("tiny-random-")
         hf_model = _invariant_linears(build_tiny_model(family, dtype=torch_dtype, attn=attn), attn)

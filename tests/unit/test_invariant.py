@@ -91,9 +91,9 @@ def test_a_grafted_answer_is_the_answer_of_a_stock_generate(family):
 def test_a_stock_model_can_load_the_kernel_by_name():
     from transformers import AutoModelForCausalLM
 
-    import kvrag  # noqa: F401 - registers `invariant`
-    from kvrag.kernels.linear import make_linear_invariant
+    from kvrag.kernels import make_linear_invariant, register
 
+    register()  # what a model loaded by hand needs first
     model = tiny("llama", "float32", "invariant")
     stock = AutoModelForCausalLM.from_config(model.hf_model.config, attn_implementation="invariant")
     stock.load_state_dict(model.hf_model.state_dict())
@@ -324,3 +324,16 @@ def test_what_every_layer_does_alike_is_made_once_per_forward(monkeypatch):
     runner.forward(ids[130:140], cache)
     assert len(made) == 2
     assert logits_sha256(logits) == logits_sha256(_one_stock_pass(model, ids[:130]))
+
+
+def test_importing_kvrag_registers_nothing_with_transformers():
+    import subprocess
+    import sys
+
+    code = ("import kvrag, kvrag.kernels, kvrag.engine\n"
+            "from transformers import AttentionInterface\n"
+            "assert 'invariant' not in AttentionInterface._global_mapping, 'registered at import'\n"
+            "kvrag.kernels.register()\n"
+            "assert 'invariant' in AttentionInterface._global_mapping\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
