@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import warnings
 
 import pytest
 
 ROOT = pathlib.Path(__file__).parents[2]
 PACKAGE = ROOT / "kvrag"
-SOFT_LINES = 500
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
 
 #: The layers, bottom first: a module may import its own layer and the layers below it, never above.
 LAYERS: list[tuple[str, ...]] = [
@@ -177,10 +177,18 @@ def test_integrations_import_only_public_names():
     assert offenders == []
 
 
-def test_modules_stay_a_readable_size():
-    """A soft limit: concepts decide where a module ends, so a long one only warns."""
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    for path, lines in sizes.items():
-        if lines > SOFT_LINES:
-            warnings.warn(f"{path} has {lines} lines: does it still hold one concept?", stacklevel=1)
-    assert max(sizes.values()) < 2 * SOFT_LINES
+def test_modules_and_functions_stay_a_readable_size():
+    """No module over `MAX_MODULE_LINES` lines, no function over `MAX_FUNCTION_LINES` (docstring
+    included): past those, a module holds two concepts or a function does two things."""
+    long_modules, long_functions = [], []
+    for path in PACKAGE.rglob("*.py"):
+        source = path.read_text()
+        where = str(path.relative_to(ROOT))
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{where}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{where}:{node.lineno} {node.name}: {length} lines")
+    assert (long_modules, long_functions) == ([], [])
