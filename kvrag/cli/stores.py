@@ -1,9 +1,10 @@
-"""`kvrag ls`, `kvrag inspect` and `kvrag gc`: what a store holds, one state's manifest in each
-tier, and housekeeping."""
+"""`kvrag ingest`, `kvrag ls`, `kvrag inspect` and `kvrag gc`: filling a store with a corpus, what
+it holds, one state's manifest in each tier, and housekeeping."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Optional
 
 import typer
@@ -14,6 +15,7 @@ from kvrag.cli.common import (
     DEADLINE,
     DTYPE,
     JSON,
+    LAYOUT,
     MODEL,
     NAMESPACE,
     SIGNING_KEY_FILE,
@@ -21,10 +23,13 @@ from kvrag.cli.common import (
     THREADS,
     Attn,
     Dtype,
+    Layout,
     Trust,
     engine_for,
+    err,
     fail,
     out,
+    progress,
 )
 from kvrag.errors import KVRagError
 
@@ -32,6 +37,7 @@ __all__ = ["register"]
 
 
 def register(app: typer.Typer) -> None:
+    app.command(epilog=INGEST_EXAMPLES)(ingest)
     app.command("ls", epilog="Example: kvrag ls --store redis://127.0.0.1:6379/0,disk://./states --json")(ls_states)
     app.command(epilog="Example: kvrag inspect 3f2a...e9 --store disk://./states --json   (or: kvrag inspect gates)")(inspect)
     app.command(epilog="Example: kvrag gc --store redis://127.0.0.1:6379/0 --other-models --model smollm2-135m --dry-run")(gc)
@@ -135,3 +141,60 @@ def gc(
     verb = "would drop" if dry_run else "dropped"
     out.print(f"{verb}: {report.orphan_frames} orphan frames, {report.stray_files} stray files, "
               f"{len(report.damaged_states)} damaged states, {len(report.other_model_states)} states of other models")
+
+
+INGEST_EXAMPLES = """Examples:
+
+  kvrag ingest ./corpus --store disk://./states                (a folder of .txt and .md files)
+
+  kvrag ingest docs.jsonl --store redis+cluster://10.0.0.5:7000 --shard 0/4    (and 1/4, 2/4, 3/4 elsewhere)"""
+
+
+def ingest(
+    path: str = typer.Argument(..., help='a folder of .txt/.md files, or a JSONL file of {"id", "text"} lines'),
+    model: str = MODEL,
+    store: Optional[str] = STORE,
+    dtype: Dtype = DTYPE,
+    attn: Attn = ATTN,
+    layout: Optional[Layout] = LAYOUT,
+    shard: str = typer.Option("0/1", "--shard", help="i/N: only the documents whose id hashes to i of N"),
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
+    deadline: Optional[float] = DEADLINE,
+    threads: Optional[int] = THREADS,
+    as_json: bool = JSON,
+) -> None:
+    """Deposit every document of a corpus as its own verified state; what the store holds already
+    is skipped, so a stopped ingest resumes. Exits 1 if a document could not be deposited."""
+    from rich.progress import TextColumn
+
+    from kvrag.apps.ingest import Shard, read_corpus
+    from kvrag.apps.ingest import ingest as run_ingest
+
+    try:
+        part = Shard.parse(shard)
+        documents = read_corpus(path)
+        engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
+        with progress(as_json) as bar:
+            bar.columns = (*bar.columns, TextColumn("{task.fields[rate]}"))
+            task = bar.add_task(f"ingest {part}", total=sum(part.takes(d.id) for d in documents), rate="")
+            tokens, began = [0], time.perf_counter()
+
+            def advance(_document: object, count: int) -> None:
+                tokens[0] += count
+                rate = tokens[0] / max(time.perf_counter() - began, 1e-9)
+                bar.update(task, advance=1, rate=f"{rate:,.0f} tokens/s")
+
+            summary = run_ingest(engine, documents, shard=part, progress=advance)
+    except KVRagError as e:
+        fail(e)
+    if as_json:
+        print(summary.model_dump_json(indent=2))
+    else:
+        out.print(f"shard {summary.shard}: {summary.documents} documents, {summary.deposited} deposited "
+                  f"({summary.tokens:,} tokens, {summary.bytes / 2**20:,.1f} MiB), {summary.skipped} already stored, "
+                  f"{len(summary.failed)} failed, in {summary.seconds:,.1f} s")
+        for failure in summary.failed:
+            err.print(f"failed: {failure.id}: {failure.error}", soft_wrap=True, highlight=False)
+    if summary.failed:
+        raise typer.Exit(1)

@@ -54,24 +54,28 @@ class Depositor:
     def canary_ids(self) -> list[int]:
         return self.planner.layout.question_ids(CANARY_QUESTION)
 
-    def extend(self, segments: Sequence[Segment]) -> None:
+    def extend(self, segments: Sequence[Segment]) -> list[Restored]:
         """Deposit `segments` in order, each continuing the one before, the first after its stored
-        parent chain; a segment stored already is read, not computed again."""
+        parent chain; a segment stored already is read, not computed again. Returns the states
+        deposited now."""
         if not segments:
-            return
+            return []
         chain = self.restorer.chain(segments[0].parent_key, Deadline(self.deadline_s))
         ancestors: list[StatePart] = [r.part for r in chain]
         # the prompt's ids so far, kept only where prefix records need them
         before = [t for r in chain for t in r.manifest.token_ids] if self.prefixes is not None else []
+        deposited: list[Restored] = []
         for segment in segments:
             try:
                 ancestors.append(self.restorer.fetch(segment.key, segment, Deadline(self.deadline_s)).value.part)
             except StateError:
-                ancestors.append(self.deposit(segment, ancestors).part)
+                deposited.append(self.deposit(segment, ancestors))
+                ancestors.append(deposited[-1].part)
                 if self.prefixes is not None:
                     self.prefixes.record([*before, *segment.ids], segment.start, segment.key)
             if self.prefixes is not None:
                 before.extend(segment.ids)
+        return deposited
 
     def ensure(self, segment: Segment) -> None:
         """Deposit `segment` unless some tier holds it whole already."""

@@ -61,9 +61,6 @@ class Engine(Protocol):
     def deposit_chain(self, texts: Sequence[str], *, after: StateRef | None = None) -> list[StateRef]:
         """Deposit documents as one chain."""
 
-    def deposit_segment(self, segment: Segment) -> StateRef:
-        """Deposit any segment after its stored parent chain."""
-
     def check(self, segment: Segment, deadline: Deadline | None = None) -> None:
         """Raise the `StateError` that says why `segment`'s stored state cannot be grafted (if any)."""
 

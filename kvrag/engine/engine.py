@@ -17,7 +17,7 @@ The model is only ever called through `kvrag.core.runner.ModelRunner`.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from typing_extensions import Unpack
 
@@ -214,11 +214,13 @@ class KVEngine:
         self.depositor.extend(segments)
         return [self.planner.ref(s) for s in segments]
 
-    def deposit_segment(self, segment: Segment) -> StateRef:
-        """Deposit a segment built with `planner.segment` (any ids, e.g. a memo state) after its
-        stored parent chain."""
-        self.depositor.extend([segment])
-        return self.planner.ref(segment)
+    def deposit_many(self, texts: Iterable[str]) -> list[StateRef]:
+        """Deposit each text as its own state (not a chain), skipping those some tier holds
+        already, so a repeated call resumes; `kvrag.apps.ingest` does it for a corpus, with a summary."""
+        segments = [self.plan([text])[0] for text in texts]
+        for segment in segments:
+            self.depositor.ensure(segment)
+        return [self.planner.ref(s) for s in segments]
 
     def deposit_chat(self, messages: Sequence[Message | dict[str, Any]]) -> list[StateRef]:
         """Deposit a conversation's segments ahead of time (all of them: the next message starts a
