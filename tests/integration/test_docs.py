@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -114,14 +115,21 @@ def test_every_block_of_the_page_runs(page: Path, redis, python, tmp_path):
                 continue
             RAN.append(where)
     finally:
-        for process in background:
-            process.terminate()
+        for process in background:  # the whole session: a shell, its command, a server's workers
+            _signal_group(process, signal.SIGTERM)
             try:
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                process.kill()
+                _signal_group(process, signal.SIGKILL)
     print(f"{page.relative_to(ROOT)}: ran {sum(1 for r in RAN if r.startswith(str(page.relative_to(ROOT))))} "
           f"of {sum(1 for lang, _ in found if lang != 'text')} code blocks")
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _run_line(line: str, where: str, cwd: Path, env: dict, background: list, port: int) -> None:
