@@ -29,15 +29,17 @@ demo: setup
 
 # The tests start their own throwaway redis-server processes (never the shared one on 6379).
 # kvrag's suite, then each integration distribution's own (tests/unit_tests, tests/integration_tests),
-# run from its folder as a LangChain partner package runs its tests. Each runs in WORKERS processes
-# (pytest-xdist): much of the suite waits on subprocesses, servers and deadlines, not on the cores.
+# run from its folder as a LangChain partner package runs its tests. The unit and attack tests (tiny
+# models) run in WORKERS processes (pytest-xdist); the integration tests run the real models, each
+# forward on every core, and alone: two at once would fight over the cores.
 WORKERS ?= 2
 test: setup
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 	$(BIN)/ruff check kvrag tests benchmarks examples integrations docs/hooks.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(CURDIR)/site
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(WORKERS)
-	set -e; for dist in $(INTEGRATIONS); do (cd $$dist && HF_HUB_OFFLINE=1 $(CURDIR)/$(BIN)/python -m pytest -q -n $(WORKERS) tests); done
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(WORKERS) tests/unit tests/attacks
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/integration
+	set -e; for dist in $(INTEGRATIONS); do (cd $$dist && HF_HUB_OFFLINE=1 $(CURDIR)/$(BIN)/python -m pytest -q tests); done
 
 # The fast subset: tiny models, memory and disk stores, no servers (seconds).
 test-unit: setup
