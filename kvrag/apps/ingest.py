@@ -10,7 +10,6 @@ Cluster) together without depositing a document twice.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Callable, Iterable, Iterator
 
 from pydantic import BaseModel, Field
 
+from kvrag.apps.ab.results import load_jsonl
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError, KVRagError
 
@@ -110,15 +110,9 @@ def _read(path: Path) -> str:
 
 
 def _jsonl(path: Path) -> Iterator[CorpusDocument]:
-    for number, line in enumerate(_read(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise InputError(f"{path}:{number} is not JSON: {e}") from e
-        if not isinstance(row, dict) or not isinstance(row.get("id"), (str, int)) or not isinstance(row.get("text"), str):
-            raise InputError(f'{path}:{number} is not a {{"id", "text"}} object with a string text')
+    for index, row in enumerate(load_jsonl(path, ["id", "text"]), 1):
+        if not isinstance(row["id"], (str, int)) or not isinstance(row["text"], str):
+            raise InputError(f'{path}: document {index} is not a {{"id", "text"}} object with a string text')
         yield CorpusDocument(str(row["id"]), row["text"])
 
 

@@ -88,3 +88,10 @@ def test_kvrag_ingest_fills_a_store_in_shards_and_resumes(tmp_path):
     assert failed.exit_code == 1 and json.loads(failed.stdout)["failed"][0]["id"] == "empty.txt"
     bad = runner.invoke(app, [*base, "--shard", "2/2"])
     assert bad.exit_code == 2 and "shard" in bad.stderr
+
+
+def test_a_jsonl_corpus_that_is_not_utf8_is_an_input_error(tmp_path):
+    lines = tmp_path / "docs.jsonl"
+    lines.write_bytes('{"id": "x", "text": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(InputError, match="not UTF-8"):
+        read_corpus(lines)

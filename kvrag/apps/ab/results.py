@@ -102,6 +102,8 @@ def load_jsonl(path: str | Path, required: Sequence[str]) -> list[dict[str, Any]
     rows = []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it first") from e
     except OSError as e:
         raise InputError(f"cannot read {path}: {e}") from e
     for number, line in enumerate(lines, 1):
