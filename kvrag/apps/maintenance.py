@@ -48,6 +48,9 @@ class GcReport(BaseModel):
     stray_files: int = 0
     damaged_states: list[str] = []
     other_model_states: list[str] = []
+    #: states dropped from capped disk tiers (unused too long, or beyond the size asked for), first dropped first
+    evicted_states: list[str] = []
+    evicted_bytes: int = 0
 
 
 def signature_verdict(raw: bytes, key: bytes) -> str:
@@ -149,9 +152,11 @@ def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None =
 
 
 def collect_garbage(store: StateStore, *, keep_fingerprint: str | None = None, dry_run: bool = False,
-                    grace_s: float = 600.0) -> GcReport:
+                    grace_s: float = 600.0, max_bytes: int | None = None, unused_for_s: float | None = None) -> GcReport:
     """Drop what no reader can use. Temporary files and orphan frames younger than `grace_s` may
-    belong to a write in progress (its frame table or rename comes last) and are kept."""
+    belong to a write in progress (its frame table or rename comes last) and are kept. Then, in
+    each disk tier, states unused for `unused_for_s` seconds and, in eviction order, others until its
+    state files hold at most `max_bytes` (a Redis tier keeps its own bound: `maxmemory`)."""
     report = GcReport(dry_run=dry_run)
     for tier in store.tiers:
         if isinstance(tier, RedisStore):
@@ -176,4 +181,8 @@ def collect_garbage(store: StateStore, *, keep_fingerprint: str | None = None, d
                 continue
             if not dry_run:
                 tier.delete(info.key)
+        if isinstance(tier, DiskStore) and (max_bytes is not None or unused_for_s is not None):
+            for dropped in tier.evict(max_bytes, unused_for_s=unused_for_s, dry_run=dry_run):
+                report.evicted_states.append(dropped.key)
+                report.evicted_bytes += dropped.size
     return report

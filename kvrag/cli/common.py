@@ -141,3 +141,18 @@ def show_warnings() -> None:
 class _OneLine(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return f"kvrag: {record.levelname.lower()}: {' '.join(record.getMessage().split())}"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration_seconds(text: str) -> float:
+    """`90s`, `30m`, `12h`, `7d`, `2w` or a plain number of seconds, as seconds."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        raise InputError(f"a duration is a number and one of s, m, h, d, w (90s, 30m, 12h, 7d), not {text!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise InputError(f"a duration must be 0 or more, not {text!r}")
+    return seconds

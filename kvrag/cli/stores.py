@@ -25,6 +25,7 @@ from kvrag.cli.common import (
     Dtype,
     Layout,
     Trust,
+    duration_seconds,
     engine_for,
     err,
     fail,
@@ -40,7 +41,7 @@ def register(app: typer.Typer) -> None:
     app.command(epilog=INGEST_EXAMPLES)(ingest)
     app.command("ls", epilog="Example: kvrag ls --store redis://127.0.0.1:6379/0,disk://./states --json")(ls_states)
     app.command(epilog="Example: kvrag inspect 3f2a...e9 --store disk://./states --json   (or: kvrag inspect gates)")(inspect)
-    app.command(epilog="Example: kvrag gc --store redis://127.0.0.1:6379/0 --other-models --model smollm2-135m --dry-run")(gc)
+    app.command(epilog=GC_EXAMPLES)(gc)
 
 
 def ls_states(
@@ -118,21 +119,28 @@ def gc(
     dry_run: bool = typer.Option(False, "--dry-run", help="report, delete nothing"),
     grace: float = typer.Option(600.0, "--grace", min=0, help="seconds: temporary files and orphan frames younger "
                                 "than this may belong to a write in progress and are kept"),
+    max_gib: Optional[float] = typer.Option(None, "--max-gib", min=0, help="drop states from each disk tier, in its "
+                                            "eviction order, until its state files hold at most this many GiB"),
+    older_than: Optional[str] = typer.Option(None, "--older-than", help="drop states of disk tiers not read or written "
+                                             "for this long: 90s, 30m, 12h, 7d"),
     namespace: Optional[str] = NAMESPACE,
     signing_key_file: Optional[str] = SIGNING_KEY_FILE,
     deadline: Optional[float] = DEADLINE,
     threads: Optional[int] = THREADS,
     as_json: bool = JSON,
 ) -> None:
-    """Drop orphan frames, stray temporary files and damaged states (and other models' states on request)."""
+    """Drop orphan frames, stray temporary files and damaged states (and, on request, other models'
+    states, states unused for a while, and the least valued beyond a size)."""
     from kvrag.apps.maintenance import collect_garbage
     from kvrag.stores import open_store
 
     try:
         keep = None
+        unused_for_s = duration_seconds(older_than) if older_than is not None else None
         if other_models:
             keep = engine_for(model, store, dtype, attn, None, Trust(namespace, signing_key_file, deadline, threads)).fingerprint
-        report = collect_garbage(open_store(store), keep_fingerprint=keep, dry_run=dry_run, grace_s=grace)
+        report = collect_garbage(open_store(store), keep_fingerprint=keep, dry_run=dry_run, grace_s=grace,
+                                 max_bytes=None if max_gib is None else int(max_gib * 2**30), unused_for_s=unused_for_s)
     except KVRagError as e:
         fail(e)
     if as_json:
@@ -140,7 +148,15 @@ def gc(
         return
     verb = "would drop" if dry_run else "dropped"
     out.print(f"{verb}: {report.orphan_frames} orphan frames, {report.stray_files} stray files, "
-              f"{len(report.damaged_states)} damaged states, {len(report.other_model_states)} states of other models")
+              f"{len(report.damaged_states)} damaged states, {len(report.other_model_states)} states of other models, "
+              f"{len(report.evicted_states)} states evicted ({report.evicted_bytes / 2**20:.1f} MiB)")
+
+
+GC_EXAMPLES = """Examples:
+
+  kvrag gc --store redis://127.0.0.1:6379/0 --other-models --model smollm2-135m --dry-run
+
+  kvrag gc --store disk://./states --max-gib 50 --older-than 30d"""
 
 
 INGEST_EXAMPLES = """Examples:

@@ -1,7 +1,7 @@
 """State stores, addressed by URL. `open_store("disk://PATH")` is the embedded default.
 
-    disk://PATH                         atomic files, mmap reads (the default, in the user cache dir)
-    memory://                           this process only; ?max_mib=N caps it (least recently used go)
+    disk://PATH                         atomic files (the default, in the user cache dir); ?max_gib=N caps it
+    memory://                           this process only; ?max_mib=N caps it (kvrag.stores.capacity)
     redis://[user:pass@]host:port/db    one Redis server; rediss:// for TLS
     redis+cluster://host:port,...       Redis Cluster (a state's frames share one hash slot);
                                         rediss+cluster:// or ?ssl=true for TLS (TLS or refused)
@@ -15,7 +15,6 @@ there is encrypted under the tenant's key: `kvrag.trust.confidential`).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, urlencode
 
@@ -112,9 +111,7 @@ def _open_scheme(url: str) -> StateStore:
     if not sep:
         raise StoreError(f"store URL {url!r} has no scheme; use {_SCHEMES}")
     if scheme == "disk":
-        if not rest:
-            raise StoreError("disk:// needs a folder, e.g. disk:///var/cache/kvrag or disk://./states")
-        return DiskStore(Path(rest))
+        return DiskStore.from_url_rest(rest)
     if scheme == "memory":
         base, _, query = rest.partition("?")
         if base.strip("/"):

@@ -7,10 +7,17 @@ sees the old state, the new one, or nothing, never a manifest beside another wri
 Reads open regular files only (never blocking on a FIFO or a device) and copy the payload into
 process memory with one `readinto`: a file truncated or rewritten in place while being read is a
 short read (an integrity miss), never the SIGBUS a memory mapping would raise.
+
+A capped store (`disk://PATH?max_gib=50`) drops states after each write until its state files fit,
+in `kvrag.stores.capacity` order: every read marks its file used (its modification time, which
+the kernel never moves on a read, unlike the access time), so every process sharing the folder sees
+the others' reads. A dropped file is unlinked: a reader that opened
+it first still reads it whole, a later one misses.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -19,14 +26,17 @@ import stat
 import struct
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import parse_qsl, urlencode
 
 from kvrag.artifacts.digests import read_checked, stored_form
 from kvrag.errors import IntegrityError, StoreError
 from kvrag.stores.base import BlobStore, ManifestAcceptance, StateStore, StoredState, check_blob_name, check_key
+from kvrag.stores.capacity import DEFAULT_HALF_LIFE_S, Eviction, Uses, capacity_params
 
-__all__ = ["DiskStore"]
+__all__ = ["DiskStore", "StateFile"]
 
 T = TypeVar("T")
 
@@ -40,12 +50,43 @@ _KEY_NAME = re.compile(r"[0-9a-f]{64}")
 log = logging.getLogger("kvrag.stores")
 
 
-class DiskStore(StateStore, BlobStore):
-    """States under `root/states/<key[:2]>/<key>.kvstate`."""
+@dataclass(frozen=True)
+class StateFile:
+    key: str
+    path: Path
+    size: int
+    last_used: float  # seconds since the epoch: its write or, in a capped store, its last read
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+
+class DiskStore(StateStore, BlobStore):
+    """States under `root/states/<key[:2]>/<key>.kvstate`; with `max_bytes`, those files are kept
+    within that many bytes (see the module's docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int | None = None, *, eviction: Eviction = "lru",
+                 half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
+        if max_bytes is not None and max_bytes < 1:
+            raise StoreError("a disk store's cap must be at least one byte (disk://PATH?max_gib=50)")
         self.root = Path(root).expanduser()
-        self.url = f"disk://{self.root}"
+        self.max_bytes = max_bytes
+        self.uses = Uses(eviction, half_life_s)
+        self.evictions = 0
+        query = {} if max_bytes is None else {"max_gib": f"{max_bytes / (1 << 30):g}"}
+        if eviction != "lru":
+            query["evict"] = eviction
+        self.url = f"disk://{self.root}" + (f"?{urlencode(query)}" if query else "")
+
+    @classmethod
+    def from_url_rest(cls, rest: str) -> "DiskStore":
+        """From what follows `disk://`: a folder, and optionally `?max_gib=N&evict=lru|value&half_life_s=S`."""
+        folder, _, query = rest.partition("?")
+        params = dict(parse_qsl(query, keep_blank_values=True))
+        unknown = set(params) - {"max_gib", "evict", "half_life_s"}
+        if unknown:
+            raise StoreError(f"disk:// takes only ?max_gib=N&evict=lru|value&half_life_s=S, not {', '.join(sorted(unknown))}")
+        if not folder:
+            raise StoreError("disk:// needs a folder, e.g. disk:///var/cache/kvrag or disk://./states")
+        max_bytes, eviction, half_life_s = capacity_params(params, size_name="max_gib")
+        return cls(Path(folder), max_bytes, eviction=eviction, half_life_s=half_life_s)
 
     def _path(self, key: str) -> Path:
         check_key(key)
@@ -101,6 +142,7 @@ class DiskStore(StateStore, BlobStore):
         def read(f: Any, size: int) -> StoredState:
             length, manifest = self._head(key, f, size)
             accepted = accept(manifest) if accept else None
+            self._used(key, f)
             offset = _payload_offset(length)
             f.seek(offset)
             chunking = accepted.chunking if accepted is not None else None
@@ -122,6 +164,16 @@ class DiskStore(StateStore, BlobStore):
     def read_manifest(self, key: str) -> bytes | None:
         return self._with_file(key, lambda f, size: self._head(key, f, size)[1])
 
+    def _used(self, key: str, f: Any) -> None:
+        """Mark a state read: its modification time for every process, a hit for this one's `value` order."""
+        if self.max_bytes is None:
+            return
+        self.uses.hit(key)
+        try:
+            os.utime(f.fileno(), ns=(os.fstat(f.fileno()).st_atime_ns, time.time_ns()))
+        except OSError:
+            pass  # a file this user cannot touch keeps its old access time: it only goes sooner
+
     def _holds(self, key: str) -> bool:
         def whole(f: Any, size: int) -> bool:
             try:
@@ -137,6 +189,11 @@ class DiskStore(StateStore, BlobStore):
         path = self._path(key)
         header = MAGIC + struct.pack("<Q", len(manifest)) + manifest
         padding = b"\0" * (_payload_offset(len(manifest)) - len(header))
+        body = stored_form(payload)  # a sealed state promoted here: its stored bytes
+        size = len(header) + len(padding) + memoryview(body).nbytes
+        if self.max_bytes is not None and size > self.max_bytes:
+            self.delete(key)  # larger than the cap: not kept here (the tiers behind may keep it)
+            return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -144,9 +201,12 @@ class DiskStore(StateStore, BlobStore):
                 with os.fdopen(fd, "wb") as f:
                     f.write(header)
                     f.write(padding)
-                    f.write(stored_form(payload))  # a sealed state promoted here: its stored bytes
+                    f.write(body)
                     f.flush()
                     os.fsync(f.fileno())
+                if self.max_bytes is not None:
+                    self.uses.hit(key)
+                    self.evict(self.max_bytes - size, keep=key)
                 os.replace(tmp, path)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
@@ -155,6 +215,7 @@ class DiskStore(StateStore, BlobStore):
             raise StoreError(f"cannot write {key[:12]} to {self.url}: {e}") from e
 
     def delete(self, key: str) -> None:
+        self.uses.forget(key)
         try:
             self._path(key).unlink(missing_ok=True)
         except OSError as e:  # a directory planted under a state's name, say: never removed as a state
@@ -178,6 +239,51 @@ class DiskStore(StateStore, BlobStore):
             return True
         log.warning("skipped %s in %s: not a state file", path.name[:80], self.url)
         return False
+
+    def state_files(self) -> list[StateFile]:
+        """Every state file, its size and last use (files that vanish while listed are left out)."""
+        base = self.root / "states"
+        found = []
+        for folder in sorted(base.glob("??")) if base.is_dir() else []:
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                key = entry.name.removesuffix(SUFFIX)
+                if not (entry.name.endswith(SUFFIX) and _KEY_NAME.fullmatch(key) and key[:2] == folder.name):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    found.append(StateFile(key, Path(entry.path), info.st_size, info.st_mtime))
+        return found
+
+    def evict(self, fit: int | None = None, *, unused_for_s: float | None = None, keep: str | None = None,
+              dry_run: bool = False) -> list[StateFile]:
+        """Drop states not used for `unused_for_s` seconds, then others in eviction order until
+        the state files hold at most `fit` bytes; `keep` is never dropped (and not counted: it is
+        being rewritten). One process at a time evicts (a lock file in the folder). What was dropped."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".evict.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            files = {f.key: f for f in self.state_files() if f.key != keep}
+            now = time.time()
+            order = [str(k) for k in self.uses.order(((k, f.last_used) for k, f in files.items()), now)]
+            stale = {k for k, f in files.items() if unused_for_s is not None and now - f.last_used >= unused_for_s}
+            held = sum(f.size for f in files.values())
+            dropped = []
+            for key in [k for k in order if k in stale] + [k for k in order if k not in stale]:
+                if key not in stale and (fit is None or held <= fit):
+                    break
+                held -= files[key].size
+                dropped.append(files[key])
+                if not dry_run:
+                    self.delete(key)
+                    self.evictions += 1
+            return dropped
 
     def _blob_path(self, name: str) -> Path:
         namespace, digest = check_blob_name(name).split("/")

@@ -1,6 +1,7 @@
 """A store in this process's memory: for tests, benchmarks, short-lived engines, and the bounded
-hot tier of a server worker (`memory://?max_mib=512`: least recently used entries are dropped
-once states and blobs together pass the cap)."""
+hot tier of a server worker (`memory://?max_mib=512`: once states and blobs together pass the cap,
+entries are dropped, least recently used first or, with `&evict=value`, least used first:
+`kvrag.stores.capacity`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Iterator
 from kvrag.artifacts.digests import CheckedBuffer, HeldBytes
 from kvrag.errors import StoreError
 from kvrag.stores.base import BlobStore, ManifestAcceptance, StateStore, StoredState, check_blob_name, check_key
+from kvrag.stores.capacity import DEFAULT_HALF_LIFE_S, Eviction, Uses, capacity_params
 
 __all__ = ["MemoryStore"]
 
@@ -19,15 +21,18 @@ _MIB = 1 << 20
 
 
 class MemoryStore(StateStore, BlobStore):
-    """States and blobs in dicts. With `max_bytes`, an LRU: every read refreshes an entry, every
-    write drops the least recently used until the total fits (an entry larger than the cap is not
-    kept at all; the tiers behind it still have it)."""
+    """States and blobs in dicts. With `max_bytes`, bounded: every read is a use of an entry, and
+    every write drops entries in `eviction` order until the total fits (an entry larger than the
+    cap is not kept at all; the tiers behind it still have it)."""
 
-    def __init__(self, max_bytes: int | None = None) -> None:
+    def __init__(self, max_bytes: int | None = None, *, eviction: Eviction = "lru",
+                 half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
         if max_bytes is not None and max_bytes < 1:
             raise StoreError("a memory store's cap must be at least one byte (memory://?max_mib=512)")
         self.max_bytes = max_bytes
-        self.url = "memory://" if max_bytes is None else f"memory://?max_mib={max_bytes / _MIB:g}"
+        self.uses = Uses(eviction, half_life_s)
+        self.url = "memory://" if max_bytes is None else f"memory://?max_mib={max_bytes / _MIB:g}" + (
+            "&evict=value" if eviction == "value" else "")
         self._lock = threading.Lock()
         # ("state", key) -> (manifest, payload); ("blob", name) -> (data, expiry)
         self._entries: OrderedDict[tuple[str, str], tuple[bytes, Any]] = OrderedDict()
@@ -36,42 +41,47 @@ class MemoryStore(StateStore, BlobStore):
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> "MemoryStore":
-        """From a URL's query (`max_mib`), e.g. `memory://?max_mib=512`."""
-        unknown = set(params) - {"max_mib"}
+        """From a URL's query (`max_mib`, `evict`, `half_life_s`), e.g. `memory://?max_mib=512&evict=value`."""
+        unknown = set(params) - {"max_mib", "evict", "half_life_s"}
         if unknown:
-            raise StoreError(f"memory:// takes only ?max_mib=N, not {', '.join(sorted(unknown))}")
-        if "max_mib" not in params:
-            return cls()
-        try:
-            mib = float(params["max_mib"])
-        except ValueError:
-            raise StoreError(f"max_mib must be a number of MiB, not {params['max_mib']!r}") from None
-        if not 0 < mib <= 1 << 30:
-            raise StoreError("max_mib must be more than 0")
-        return cls(max(1, int(mib * _MIB)))
+            raise StoreError(f"memory:// takes only ?max_mib=N&evict=lru|value&half_life_s=S, not {', '.join(sorted(unknown))}")
+        max_bytes, eviction, half_life_s = capacity_params(params, size_name="max_mib")
+        return cls(max_bytes, eviction=eviction, half_life_s=half_life_s)
 
-    # ----------------------------------------------------------------- the LRU
+    # ---------------------------------------------------------------- the bound
     def _get(self, entry: tuple[str, str]) -> tuple[bytes, Any] | None:
         with self._lock:
             value = self._entries.get(entry)
             if value is not None and self.max_bytes is not None:
-                self._entries.move_to_end(entry)
+                self._entries.move_to_end(entry)  # the dict's order is the order of last use
+                self.uses.hit(entry)
             return value
 
     def _set(self, entry: tuple[str, str], value: tuple[bytes, Any], size: int) -> None:
         with self._lock:
-            self._drop(entry)
+            self._drop(entry, forget=False)  # a rewrite keeps the entry's hits
             if self.max_bytes is not None:
                 if size > self.max_bytes:
+                    self.uses.forget(entry)
                     return
-                while self._entries and self.bytes_held + size > self.max_bytes:
-                    self._drop(next(iter(self._entries)))
-                    self.evictions += 1
+                if self.bytes_held + size > self.max_bytes:
+                    self._evict(self.max_bytes - size)
+                self.uses.hit(entry)
             self._entries[entry] = value
             self.bytes_held += size
 
-    def _drop(self, entry: tuple[str, str]) -> None:
+    def _evict(self, fit: int) -> None:
+        """Drop entries, first to go first, until at most `fit` bytes are held."""
+        for victim in self.uses.order((e, rank) for rank, e in enumerate(self._entries)):
+            if self.bytes_held <= fit:
+                return
+            self._drop(victim)  # type: ignore[arg-type]
+            self.evictions += 1
+
+    def _drop(self, entry: tuple[str, str], *, forget: bool = True) -> None:
         value = self._entries.pop(entry, None)
+        if forget:
+            self.uses.forget(entry)
         if value is not None:
             self.bytes_held -= _size(entry, value)
 

@@ -11,10 +11,11 @@ runner = CliRunner()
 
 def test_help_shows_examples():
     commands = [["verify"], ["demo"], ["deposit"], ["ask"], ["ab"], ["calibrate"], ["ls"], ["inspect"], ["gc"], ["explain"], ["library"],
-                ["library", "add"], ["library", "solve"]]
+                ["library", "add"], ["library", "solve"], ["ingest"]]
     for command in commands:
         result = runner.invoke(app, [*command, "--help"])
-        assert result.exit_code == 0 and "Example: kvrag" in result.stdout, command
+        assert result.exit_code == 0 and ("Example: kvrag" in result.stdout or "Examples:" in result.stdout), command
+        assert f"kvrag {command[0]}" in result.stdout, command
 
 
 def test_user_errors_print_one_line_without_a_traceback():
