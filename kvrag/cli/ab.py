@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, Optional
 
 import typer
@@ -34,9 +35,25 @@ __all__ = ["register"]
 
 
 def register(app: typer.Typer) -> None:
-    app.command(epilog="Example: kvrag ab --docs docs.jsonl --questions questions.jsonl --k 3 --policy lazy "
-                       "--order stored-first --out ab.json --report ab-report")(ab)
+    app.command(epilog=AB_EXAMPLES)(ab)
     app.command(epilog="Example: kvrag calibrate --model smollm2-135m --ratio 0.15 --samples 8")(calibrate)
+
+
+AB_EXAMPLES = """Examples:
+
+  kvrag ab --docs docs.jsonl --questions questions.jsonl --k 3 --policy lazy --out ab.json --report ab-report
+
+  kvrag ab --k 3 --stream zipf --stream-n 80 --zipf-s 1.1 --seed 0 --order canonical    (skewed traffic, bundled set)"""
+
+
+ORDER = typer.Option("retrieval", help="retrieval; stored-first: the longest stored chain first; canonical: the "
+                     "documents' order in DOCS (both arms; accuracy in retrieval order is reported beside)")
+STREAM = typer.Option(None, help="instead of QUESTIONS as given, draw --stream-n questions: documents uniformly or by "
+                      "Zipf popularity, then a question and one of its phrasings (paraphrases)")
+BLEND = typer.Option(None, "--blend", min=0.01, max=1.0, help="approximate: blend documents whose chain state is missing, "
+                     "recomputing this share of their tokens (gated)")
+STOCK = typer.Option(None, "--stock/--no-stock", help="also run the stock completion arm: a plain completion prompt and "
+                     "model.generate (default: for base models)")
 
 
 def ab(
@@ -51,15 +68,17 @@ def ab(
     max_tokens: int = typer.Option(32, "--max-tokens", min=1, help="the most tokens an answer may have"),
     policy: Literal["lazy", "warm"] = typer.Option("lazy", help="lazy: documents deposited once, chains as questions form them; "
                                             "warm: each question's whole chain deposited right before it"),
-    order: Literal["retrieval", "stored-first"] = typer.Option("retrieval", help="retrieval, or stored-first: the longest stored chain first (both arms)"),
+    order: Literal["retrieval", "stored-first", "canonical"] = ORDER,
+    stream: Optional[Literal["uniform", "zipf"]] = STREAM,
+    stream_n: int = typer.Option(80, "--stream-n", min=1, help="questions in a drawn stream"),
+    zipf_s: float = typer.Option(1.1, "--zipf-s", min=0.0, max=10.0, help="the Zipf exponent of a zipf stream"),
+    seed: int = typer.Option(0, help="the seed of a drawn stream (the same seed, the same stream)"),
     corpus_chain: bool = typer.Option(False, "--corpus-chain", help="the whole corpus as one chain, read by every question"),
     warm_chains: bool = typer.Option(False, "--warm-chains", help="deposit co-retrieved chains after answers"),
-    blend: Optional[float] = typer.Option(None, "--blend", min=0.01, max=1.0, help="approximate: blend documents whose "
-                                          "chain state is missing, recomputing this share of their tokens (gated)"),
+    blend: Optional[float] = BLEND,
     out_path: Optional[str] = typer.Option(None, "--out", help="write the summary and rows to this JSON file"),
     report: Optional[str] = typer.Option(None, help="write report.md and PNG plots into this folder"),
-    stock: Optional[bool] = typer.Option(None, "--stock/--no-stock", help="also run the stock completion arm: a plain "
-                                         "completion prompt and model.generate (default: for base models)"),
+    stock: Optional[bool] = STOCK,
     namespace: Optional[str] = NAMESPACE,
     signing_key_file: Optional[str] = SIGNING_KEY_FILE,
     deadline: Optional[float] = DEADLINE,
@@ -67,13 +86,15 @@ def ab(
     as_json: bool = JSON,
 ) -> None:
     """Compare text RAG and KV RAG on the same retrieval, prompt and decoding."""
-    from kvrag.apps.ab import load_jsonl, run_ab, summary_rows, write_report
+    from kvrag.apps.ab import load_jsonl, run_ab, skewed_stream, summary_rows, write_report
     from kvrag.data import sample_paths
 
-    default_docs, default_questions = sample_paths()
     try:
+        default_docs, default_questions = sample_paths()
         doc_rows = load_jsonl(docs or default_docs, ["id", "title", "text"])
         question_rows = load_jsonl(questions or default_questions, ["id", "question", "answers"])
+        if stream is not None:  # the file's questions become the population a stream draws from
+            question_rows = skewed_stream(doc_rows, question_rows, n=stream_n, stream=stream, s=zipf_s, seed=seed)
         engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
         with progress(as_json) as bar:
             task = bar.add_task("A/B", total=len(question_rows))
@@ -81,20 +102,17 @@ def ab(
                              policy=policy, order=order, corpus_chain=corpus_chain,
                              warm_chains=warm_chains, blend=blend, stock=stock, progress=lambda done, _n: bar.update(task, completed=done))
         if report:
-            path = write_report(summary, report)
-            err.print(f"report: {path}")
+            err.print(f"report: {write_report(summary, report)}")
     except KVRagError as e:
         fail(e)
     if out_path:
-        with open(out_path, "w", encoding="utf-8") as f:
-            f.write(summary.model_dump_json(indent=2))
+        Path(out_path).write_text(summary.model_dump_json(indent=2), encoding="utf-8")
     if as_json:
         print(summary.model_dump_json(indent=2))
         return
     levers = f", {', '.join(summary.levers)}" if summary.levers else ""
-    table = Table(title=f"kvrag ab: {summary.model}, k={summary.k}, {summary.n} questions, policy {summary.policy}{levers}")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
+    table = Table("figure", "value", title=f"kvrag ab: {summary.model}, k={summary.k}, {summary.n} questions, "
+                  f"policy {summary.policy}{levers}")
     for name, value in summary_rows(summary):
         table.add_row(name, value)
     out.print(table)

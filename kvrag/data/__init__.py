@@ -24,6 +24,8 @@ class SampleQuestion:
     answers: tuple[str, ...]
     doc_id: str | None = None
     recurring: bool = False
+    #: the same question in other words (for skewed question streams: `kvrag.apps.ab.streams`)
+    paraphrases: tuple[str, ...] = ()
 
 
 def _jsonl(name: str) -> list[dict[str, Any]]:
@@ -39,7 +41,8 @@ def sample_questions(*, include_recurring: bool = False) -> list[SampleQuestion]
     """The bundled questions; the `recurring` variants (same question, other case or punctuation)
     exist for memo checks in `kvrag ab` and are left out unless asked for."""
     questions = [
-        SampleQuestion(q["id"], q["question"], tuple(q["answers"]), q.get("doc_id"), bool(q.get("recurring")))
+        SampleQuestion(q["id"], q["question"], tuple(q["answers"]), q.get("doc_id"), bool(q.get("recurring")),
+                       tuple(q.get("paraphrases", ())))
         for q in _jsonl("questions.jsonl")
     ]
     return [q for q in questions if include_recurring or not q.recurring]

@@ -7,6 +7,9 @@ same schedule, and the text path reads the same schedule):
 
 - `stored_prefix_first`: order the retrieved documents so the longest stored chain comes first.
   Order can change answers, so this is the user's choice; text and KV arms use the same order.
+- `canonical_order`: the retrieved documents in one fixed order (their order in the corpus), so a
+  set that recurs is the same chain whatever order the retriever returned it in. Order can change
+  answers, so this too is the user's choice.
 - `CorpusChain`: for corpora that fit the model's context (cache-augmented generation), the whole
   corpus is one chain and every question reads all of it.
 - `ChainWarmer`: co-retrieval statistics decide which chains will recur; they are deposited after
@@ -29,12 +32,19 @@ from kvrag.errors import ContextTooLongError, KVRagError
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS
 from kvrag.trust.confidential import open_manifest
 
-__all__ = ["stored_prefix_first", "CorpusChain", "ChainWarmer", "MAX_ORDER_CHECKS"]
+__all__ = ["stored_prefix_first", "canonical_order", "CorpusChain", "ChainWarmer", "MAX_ORDER_CHECKS"]
 
 log = logging.getLogger("kvrag.reuse")
 
 #: The most stored-state lookups one ordering may make (k! grows fast; the search stops there).
 MAX_ORDER_CHECKS = 256
+
+
+def canonical_order(texts: Sequence[str], positions: dict[str, int]) -> list[str]:
+    """`texts` in their `positions` order (a document's place in the corpus); texts without a
+    position come last, in their given order."""
+    last = len(positions)
+    return [t for _, t in sorted(enumerate(texts), key=lambda p: (positions.get(p[1], last), p[0]))]
 
 
 def stored_prefix_first(engine: Engine, texts: Sequence[str]) -> list[str]:

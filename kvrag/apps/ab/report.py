@@ -12,10 +12,11 @@ __all__ = ["write_report", "summary_rows"]
 
 def summary_rows(summary: ABSummary) -> list[tuple[str, str]]:
     """The summary's figures as (name, value) text, for a table."""
-    names = ("accuracy_text", "accuracy_kv", "answer_agreement", "logits_byte_exact_rate", "answer_agreement_monolithic",
+    names = ("accuracy_text", "accuracy_kv", "accuracy_text_retrieval_order", "answer_agreement", "logits_byte_exact_rate", "answer_agreement_monolithic",
              "monolithic_byte_exact_rate",
-             "ttft_text_ms_median", "ttft_kv_ms_median", "ttft_ratio_median", "prefill_tokens_text", "prefill_tokens_kv",
-             "decode_tokens_text", "decode_tokens_kv", "memo_hits", "full_hit_rate", "token_reuse_rate",
+             "ttft_text_ms_median", "ttft_kv_ms_median", "ttft_ratio_median", "ttft_ratio_p90", "ttft_ratio_sum",
+             "prefill_tokens_text", "prefill_tokens_kv",
+             "decode_tokens_text", "decode_tokens_kv", "memo_hits", "full_hit_rate", "token_reuse_rate", "bytes_stored",
              "upfront_deposit_ms", "deposit_before_ms", "deposit_after_ms", "approximate_rows", "kl_mean_approximate",
              "argmax_agreement_approximate")
     if summary.accuracy_stock is not None:

@@ -13,7 +13,7 @@ from kvrag.errors import InputError
 __all__ = ["ABRow", "ABSummary", "Policy", "Order", "load_jsonl"]
 
 Policy = Literal["lazy", "warm"]
-Order = Literal["retrieval", "stored-first"]
+Order = Literal["retrieval", "stored-first", "canonical"]
 
 
 class ABRow(BaseModel):
@@ -31,6 +31,8 @@ class ABRow(BaseModel):
     stock_hit: bool | None = None
     text_hit: bool
     kv_hit: bool
+    #: whether text RAG over the top k in retrieval order (the prompt no lever touched) holds a gold answer
+    text_retrieval_order_hit: bool
     text_mode: str
     kv_mode: str
     ttft_text_ms: float
@@ -62,6 +64,8 @@ class ABSummary(BaseModel):
     n: int
     accuracy_text: float
     accuracy_kv: float
+    #: text RAG over the top k in retrieval order; equals accuracy_text when no lever changed the prompt
+    accuracy_text_retrieval_order: float
     #: the stock completion arm's accuracy (a base model's plain prompt and `model.generate`); None: not run
     accuracy_stock: float | None = None
     answer_agreement: float
@@ -71,6 +75,10 @@ class ABSummary(BaseModel):
     ttft_text_ms_median: float
     ttft_kv_ms_median: float
     ttft_ratio_median: float
+    ttft_text_ms_p90: float = 0.0
+    ttft_kv_ms_p90: float = 0.0
+    ttft_ratio_p90: float = 0.0  # the 90th percentile of the rows' text/KV TTFT ratios
+    ttft_ratio_sum: float = 0.0  # summed text TTFTs over summed KV TTFTs (what the median hides)
     prefill_tokens_text: int
     prefill_tokens_kv: int
     decode_tokens_text: int
@@ -89,6 +97,7 @@ class ABSummary(BaseModel):
     deposit_after_ms: float = 0.0
     deposit_before_ms: float = 0.0
     warm_chains: int = 0
+    bytes_stored: int = 0  # manifests and payloads of the states this run added, over every tier
     blend_ratio: float | None = None
     blend_gate: dict[str, Any] | None = None  # the gate's verdict for this model and ratio
     approximate_rows: int = 0

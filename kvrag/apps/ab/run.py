@@ -7,7 +7,7 @@ user's own pipeline runs: the whole prompt string tokenized at once and a stock 
 `model.generate`. Its answers and first-token logits are reported beside them: with sdpa or eager
 its bytes differ slightly, with the invariant kernel (`attn="invariant"`) they are equal. For a base
 model (the completion layout) a fourth, `stock` arm is what a user of that model writes without
-kvrag: the documents and `Question: ... / Answer:` as one plain completion prompt
+kvrag: the documents and `Question: ... / Generation:` as one plain completion prompt
 (`STOCK_COMPLETION`), `tokenizer(prompt)` with its default special tokens, and a stock greedy
 `model.generate`; its accuracy is printed beside both arms'. A KV answer that contains a gold answer is verified by
 that check and memoized; a later `recurring` variant of the question must then be a memo hit.
@@ -28,6 +28,7 @@ and the row also says whether the answer differs from text RAG in retrieval orde
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections import Counter
@@ -36,19 +37,19 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kvrag.apps.ab.results import ABRow, ABSummary, Order, Policy
-from kvrag.core.decoding import cut_at_stops
+from kvrag.core.decoding import Generation, cut_at_stops
 from kvrag.core.runner import logits_sha256
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError, VerificationError
 from kvrag.reuse.gate import kl_divergence
-from kvrag.reuse.levers import ChainWarmer, CorpusChain, stored_prefix_first
+from kvrag.reuse.levers import ChainWarmer, CorpusChain, canonical_order, stored_prefix_first
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
 from kvrag.reuse.memo import Provenance
 
 __all__ = ["run_ab", "STOCK_COMPLETION"]
 
 #: the stock arm's prompt: the documents, then the question and the answer cue, as plain text
-STOCK_COMPLETION = "{documents}\n\nQuestion: {question}\nAnswer:"
+STOCK_COMPLETION = "{documents}\n\nQuestion: {question}\nGeneration:"
 
 def _hit(answer: str, golds: Sequence[str]) -> bool:
     return any(g.casefold() in answer.casefold() for g in golds)
@@ -107,9 +108,11 @@ def run_ab(
     With `blend` (a recompute ratio), the KV arm blends documents whose chain state is missing
     (approximate, labelled), after calibrating the model's blend gate on `docs` if it never was;
     a refused gate leaves the KV arm exact."""
-    if policy not in ("lazy", "warm") or order not in ("retrieval", "stored-first"):
-        raise InputError("policy is lazy or warm; order is retrieval or stored-first")
+    if policy not in ("lazy", "warm") or order not in ("retrieval", "stored-first", "canonical"):
+        raise InputError("policy is lazy or warm; order is retrieval, stored-first or canonical")
     index = LexicalIndex([IndexedDoc(str(d["text"]), {"id": str(d["id"])}) for d in docs])
+    positions = {str(d["text"]): i for i, d in enumerate(docs)}
+    stored_before = _stored(engine)
     began = time.perf_counter()
     corpus = CorpusChain(engine, [str(d["text"]) for d in docs]) if corpus_chain else None
     if policy == "lazy" and corpus is None:
@@ -123,14 +126,15 @@ def run_ab(
     rows: list[ABRow] = []
     stock = engine.layout.kind == "completion" if stock is None else stock
     for number, q in enumerate(questions, 1):
-        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend, stock))
+        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend, stock, positions))
         if progress:
             progress(number, len(questions))
-    levers = [name for name, on in (("stored-first", order == "stored-first"), ("corpus-chain", corpus is not None),
+    levers = [name for name, on in ((order, order != "retrieval"), ("corpus-chain", corpus is not None),
                                     ("warm-chains", warmer is not None), (f"blend {blend}", blend is not None)) if on]
     summary = _summary(engine, k, rows, policy, levers, upfront_ms, warmer.deposited_chains if warmer else 0)
     approximate = [r for r in rows if r.kv_mode == "approximate-graft"]
     return summary.model_copy(update={
+        "bytes_stored": sum(size for key, size in _stored(engine).items() if key not in stored_before),
         "blend_ratio": blend, "blend_gate": gate.model_dump() if gate else None, "approximate_rows": len(approximate),
         "kl_mean_approximate": statistics.fmean(r.kl_vs_text or 0.0 for r in approximate) if approximate else 0.0,
         "argmax_agreement_approximate": statistics.fmean(bool(r.first_token_agrees) for r in approximate)
@@ -138,21 +142,29 @@ def run_ab(
     })
 
 
+def _ordered(engine: KVEngine, retrieved: list[str], order: Order, positions: dict[str, int]) -> list[str]:
+    if order == "stored-first":
+        return stored_prefix_first(engine, retrieved)
+    if order == "canonical":
+        return canonical_order(retrieved, positions)
+    return retrieved
+
+
 def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
          order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None,
-         stock: bool = False) -> ABRow:
+         stock: bool = False, positions: dict[str, int] | None = None) -> ABRow:
     question, golds = str(q["question"]), [str(a) for a in q["answers"]]
     found = index.search(question, k)
-    retrieved = corpus.texts if corpus is not None else [d.text for d, _ in found]
-    texts = stored_prefix_first(engine, retrieved) if order == "stored-first" else retrieved
+    plain = [d.text for d, _ in found]  # what text RAG reads: the top k, in retrieval order
+    retrieved = corpus.texts if corpus is not None else plain
+    texts = _ordered(engine, retrieved, order, positions or {})
     t = time.perf_counter()
     if policy == "warm":
         engine.deposit_chain(texts)  # the KV arm's whole chain, stored right before it
     deposit_before_ms = (time.perf_counter() - t) * 1e3 if policy == "warm" else 0.0
     text = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, graft=False, memo=False)
-    changed = texts != retrieved
-    if changed:
-        in_order = engine.generate(question, states=retrieved, max_new_tokens=max_new_tokens, graft=False, memo=False)
+    in_order = text if texts == plain else engine.generate(question, states=plain, max_new_tokens=max_new_tokens,
+                                                           graft=False, memo=False)
     t = time.perf_counter()
     kv = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, deposit_missing=policy == "lazy",
                          blend=blend or False)
@@ -162,35 +174,65 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_n
         warmer.drain()  # after the answer, before the next question: off the answer's critical path
     mono, mono_sha = _monolithic(engine, texts, question, max_new_tokens)
     stock_answer = _stock_completion(engine, retrieved, question, max_new_tokens) if stock else None
-    memoized = False
-    if kv.receipt.mode != "memo" and kv.receipt.exact and _hit(kv.text, golds):  # an approximate answer never is
-        try:
-            engine.memo.memoize(question, kv, states=texts,
-                                provenance=Provenance(kind="gold", by=f"kvrag ab: answer contains a gold answer of {q['id']}"))
-            memoized = True
-        except VerificationError:  # the memo state did not reproduce the answer: nothing stored, row stands
-            pass
+    changed = texts != retrieved
     return ABRow(
         id=str(q["id"]), question=question, answers=golds, recurring=bool(q.get("recurring")),
         doc_ids=[d.metadata["id"] for d, _ in found],
         prompt_tokens=text.receipt.tokens_prefilled,
         text_answer=text.text, kv_answer=kv.text, monolithic_answer=mono,
         stock_answer=stock_answer, stock_hit=None if stock_answer is None else _hit(stock_answer, golds),
-        logits_sha256_monolithic=mono_sha,
-        text_hit=_hit(text.text, golds), kv_hit=_hit(kv.text, golds),
+        logits_sha256_monolithic=mono_sha, memoized=_memoize(engine, q, kv, texts, golds),
+        text_hit=_hit(text.text, golds), kv_hit=_hit(kv.text, golds), text_retrieval_order_hit=_hit(in_order.text, golds),
+        deposit_after_ms=deposit_after_ms, deposit_before_ms=deposit_before_ms,
+        order_changed=changed, answer_changed_by_order=changed and in_order.text != text.text,
+        **_receipt_figures(text, kv),
+    )
+
+
+def _memoize(engine: KVEngine, q: dict[str, Any], kv: Generation, texts: list[str], golds: list[str]) -> bool:
+    """Memoize a KV answer that contains a gold answer (an approximate answer never is)."""
+    if kv.receipt.mode == "memo" or not kv.receipt.exact or not _hit(kv.text, golds):
+        return False
+    try:
+        engine.memo.memoize(str(q["question"]), kv, states=texts,
+                            provenance=Provenance(kind="gold", by=f"kvrag ab: answer contains a gold answer of {q['id']}"))
+        return True
+    except VerificationError:  # the memo state did not reproduce the answer: nothing stored, row stands
+        return False
+
+
+def _receipt_figures(text: Generation, kv: Generation) -> dict[str, Any]:
+    """The row's figures that the two arms' receipts and first-token logits give."""
+    measured = kv.receipt.mode != "memo"  # a memo answer has no first-token logits of the question
+    return dict(
         text_mode=text.receipt.mode, kv_mode=kv.receipt.mode,
         ttft_text_ms=text.receipt.timings.ttft_ms, ttft_kv_ms=kv.receipt.timings.ttft_ms,
         prefill_tokens_text=text.receipt.tokens_prefilled, prefill_tokens_kv=kv.receipt.tokens_prefilled,
         decode_tokens_text=text.receipt.decode_tokens, decode_tokens_kv=kv.receipt.decode_tokens,
         logits_sha256_text=text.receipt.first_token_logits_sha256, logits_sha256_kv=kv.receipt.first_token_logits_sha256,
-        memoized=memoized, tokens_reused_kv=kv.receipt.tokens_reused, deposit_after_ms=deposit_after_ms,
-        deposit_before_ms=deposit_before_ms,
-        order_changed=changed, answer_changed_by_order=changed and in_order.text != text.text,
-        kl_vs_text=None if kv.receipt.mode == "memo" else kl_divergence(text.first_token_logits, kv.first_token_logits),
-        first_token_agrees=None if kv.receipt.mode == "memo" else
-        bool(text.first_token_logits.argmax() == kv.first_token_logits.argmax()),
+        tokens_reused_kv=kv.receipt.tokens_reused,
+        kl_vs_text=kl_divergence(text.first_token_logits, kv.first_token_logits) if measured else None,
+        first_token_agrees=bool(text.first_token_logits.argmax() == kv.first_token_logits.argmax()) if measured else None,
         answer_changed_by_blend=kv.receipt.mode == "approximate-graft" and kv.text != text.text,
     )
+
+
+def _stored(engine: KVEngine) -> dict[tuple[str, str], int]:
+    """(tier, key) -> stored bytes (manifest and payload) of every state in the engine's store."""
+    sizes = {}
+    for tier in engine.store.tiers:
+        for key in tier.keys():
+            manifest = tier.read_manifest(key)
+            try:
+                sizes[(tier.url, key)] = len(manifest or b"") + int(json.loads(manifest or b"{}").get("payload_bytes", 0))
+            except (ValueError, AttributeError, TypeError):
+                sizes[(tier.url, key)] = len(manifest or b"")  # an encrypted manifest: its own bytes only
+    return sizes
+
+
+def _percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def _summary(engine: KVEngine, k: int, rows: list[ABRow], policy: Policy, levers: list[str], upfront_ms: float,
@@ -203,6 +245,7 @@ def _summary(engine: KVEngine, k: int, rows: list[ABRow], policy: Policy, levers
     return ABSummary(
         model=engine.model.name, store=engine.store.url, k=k, n=n,
         accuracy_text=sum(r.text_hit for r in rows) / n,
+        accuracy_text_retrieval_order=sum(r.text_retrieval_order_hit for r in rows) / n,
         accuracy_kv=sum(r.kv_hit for r in rows) / n,
         accuracy_stock=sum(bool(r.stock_hit) for r in rows) / n if any(r.stock_hit is not None for r in rows) else None,
         answer_agreement=sum(r.text_answer == r.kv_answer for r in exact) / max(len(exact), 1),
@@ -212,6 +255,10 @@ def _summary(engine: KVEngine, k: int, rows: list[ABRow], policy: Policy, levers
         ttft_text_ms_median=statistics.median(r.ttft_text_ms for r in rows),
         ttft_kv_ms_median=statistics.median(r.ttft_kv_ms for r in rows),
         ttft_ratio_median=statistics.median(ratio),
+        ttft_text_ms_p90=_percentile([r.ttft_text_ms for r in rows], 0.9),
+        ttft_kv_ms_p90=_percentile([r.ttft_kv_ms for r in rows], 0.9),
+        ttft_ratio_p90=_percentile(ratio, 0.9),
+        ttft_ratio_sum=sum(r.ttft_text_ms for r in rows) / sum(r.ttft_kv_ms for r in rows),
         prefill_tokens_text=sum(r.prefill_tokens_text for r in rows),
         prefill_tokens_kv=prefilled,
         decode_tokens_text=sum(r.decode_tokens_text for r in rows),
