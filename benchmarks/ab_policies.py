@@ -7,6 +7,8 @@ overall and per mode, accuracy per arm, and the deposit cost.
 
     python benchmarks/ab_policies.py                   # policies at k=1,3,5, the levers and the blend at k=3
     python benchmarks/ab_policies.py --json out.json   # also every summary
+    python benchmarks/ab_policies.py --streams uniform,zipf --n 80 --policies lazy --only lazy
+                                                       # drawn streams of 80 questions (kvrag.apps.ab.streams)
 """
 
 from __future__ import annotations
@@ -17,15 +19,26 @@ import json
 from tqdm import tqdm
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.apps.ab import ABSummary, load_jsonl, run_ab
+from kvrag.apps.ab import ABSummary, load_jsonl, run_ab, skewed_stream
 from kvrag.data import sample_paths
+
+#: the levers, each under the lazy policy at --lever-k
+LEVERS = [
+    ("lazy + canonical order", {"order": "canonical"}),
+    ("lazy + canonical order + chain warming", {"order": "canonical", "warm_chains": True}),
+    ("lazy + stored-first order", {"order": "stored-first"}),
+    ("lazy + corpus chain", {"corpus_chain": True}),
+    ("lazy + chain warming", {"warm_chains": True}),
+    ("lazy + blend 0.15 (approximate)", {"blend": 0.15}),
+]
 
 
 def line(label: str, s: ABSummary) -> str:
     modes = ", ".join(f"{m} {n}" for m, n in s.mode_mix.items())
     per_mode = ", ".join(f"{m} {v:.1f}x" for m, v in s.ttft_ratio_by_mode.items())
-    return (f"| {label} | {s.k} | {modes} | {s.full_hit_rate:.2f} | {s.token_reuse_rate:.0%} | {s.ttft_ratio_median:.1f}x | "
-            f"{per_mode} | {s.accuracy_text:.2f} / {s.accuracy_kv:.2f} | {s.logits_byte_exact_rate:.2f} | "
+    return (f"| {label} | {s.k} | {modes} | {s.full_hit_rate:.2f} | {s.token_reuse_rate:.0%} | {s.ttft_ratio_median:.1f}x / "
+            f"{s.ttft_ratio_p90:.1f}x / {s.ttft_ratio_sum:.1f}x | {per_mode} | {s.accuracy_text_retrieval_order:.2f} / "
+            f"{s.accuracy_text:.2f} / {s.accuracy_kv:.2f} | {s.logits_byte_exact_rate:.2f} | {s.bytes_stored / 2**20:.0f} MiB | "
             f"{s.upfront_deposit_ms / 1e3:.1f} / {s.deposit_before_ms / 1e3:.1f} / {s.deposit_after_ms / 1e3:.1f} s |")
 
 
@@ -36,38 +49,43 @@ def main() -> None:
     parser.add_argument("--lever-k", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--only", help="comma-separated words: run only the configurations whose label has one")
+    parser.add_argument("--policies", default="lazy,warm", help="the policies run at every k")
+    parser.add_argument("--streams", default="", help="comma-separated uniform, zipf: drawn streams instead of the bundled questions as given")
+    parser.add_argument("--n", type=int, default=80, help="questions per drawn stream")
+    parser.add_argument("--zipf-s", type=float, default=1.1)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
     model = load_model(args.model)
     docs_path, questions_path = sample_paths()
     docs = load_jsonl(docs_path, ["id", "title", "text"])
-    questions = load_jsonl(questions_path, ["id", "question", "answers"])
-    runs: list[tuple[str, dict]] = []
-    for k in (int(x) for x in args.ks.split(",")):
-        runs += [("lazy", {"k": k, "policy": "lazy"}), ("warm", {"k": k, "policy": "warm"})]
-    k = args.lever_k
-    runs += [
-        ("lazy + stored-first order", {"k": k, "policy": "lazy", "order": "stored-first"}),
-        ("lazy + corpus chain", {"k": k, "policy": "lazy", "corpus_chain": True}),
-        ("lazy + chain warming", {"k": k, "policy": "lazy", "warm_chains": True}),
-        ("lazy + blend 0.15 (approximate)", {"k": k, "policy": "lazy", "blend": 0.15}),
-    ]
+    bundled = load_jsonl(questions_path, ["id", "question", "answers"])
+    streams = {name: skewed_stream(docs, bundled, n=args.n, stream=name, s=args.zipf_s, seed=args.seed)
+               for name in filter(None, args.streams.split(","))} or {"bundled": bundled}
+    runs: list[tuple[str, str, dict]] = []
+    for stream in streams:
+        for k in (int(x) for x in args.ks.split(",")):
+            runs += [(stream, policy, {"k": k, "policy": policy}) for policy in args.policies.split(",")]
+        k = args.lever_k
+        runs += [(stream, label, {"k": k, "policy": "lazy", **options}) for label, options in LEVERS]
     if args.only:
-        runs = [r for r in runs if any(word in r[0] for word in args.only.split(","))]
-    print(f"{args.model}, bundled set ({len(questions)} questions, {len(docs)} documents), memory store\n")
-    print("| policy | k | KV modes | whole context grafted | tokens reused | TTFT ratio (median) | TTFT ratio per mode | "
-          "accuracy text / KV | logits byte-exact | deposits: up front / before questions / after answers |")
-    print("|---|---:|---|---:|---:|---:|---|---|---:|---|", flush=True)
+        runs = [r for r in runs if any(word in f"{r[0]} {r[1]}" for word in args.only.split(","))]
+    print(f"{args.model}, bundled documents ({len(docs)}), questions: {', '.join(f'{n} ({len(q)})' for n, q in streams.items())}"
+          f"{f', seed {args.seed}' if args.streams else ''}; memory store\n")
+    print("| stream | policy | k | KV modes | whole context grafted | tokens reused | TTFT ratio: median / p90 / summed | "
+          "TTFT ratio per mode | accuracy: text in retrieval order / text / KV | logits byte-exact | bytes stored | "
+          "deposits: up front / before questions / after answers |")
+    print("|---|---|---:|---|---:|---:|---|---|---|---:|---:|---|", flush=True)
     results = []
-    for label, options in tqdm(runs, desc="A/B runs", unit="run"):
-        summary = run_ab(KVEngine(model, MemoryStore()), docs, questions, max_new_tokens=args.max_new_tokens, **options)
-        results.append((label, summary))
-        print(line(label, summary), flush=True)  # each row as soon as its run ends
+    for stream, label, options in tqdm(runs, desc="A/B runs", unit="run"):
+        summary = run_ab(KVEngine(model, MemoryStore()), docs, streams[stream], max_new_tokens=args.max_new_tokens, **options)
+        results.append((f"{stream}: {label}", summary))
+        print(f"| {stream} {line(label, summary)}", flush=True)  # each row as soon as its run ends
     print("\n| lever (k=%d, lazy) | reordered rows | answers changed by the order | approximate rows | "
           "answers changed by the blend | KL vs exact text arm (mean) | first-token argmax agreement | gate |" % k)
     print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for label, s in [(label, s) for label, s in results if label.startswith("lazy +")]:
+    for label, s in [(label, s) for label, s in results if "lazy +" in label]:
         gate = s.blend_gate
         verdict = (f"{'allowed' if gate['passed'] else 'refused'}: KL {gate['kl_mean']:.3g}, agreement "
                    f"{gate['argmax_agreement']:.0%} on {gate['samples']}") if gate else "-"
