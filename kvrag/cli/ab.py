@@ -46,8 +46,8 @@ AB_EXAMPLES = """Examples:
   kvrag ab --k 3 --stream zipf --stream-n 80 --zipf-s 1.1 --seed 0 --order canonical    (skewed traffic, bundled set)"""
 
 
-ORDER = typer.Option("retrieval", help="retrieval; stored-first: the longest stored chain first; canonical: the "
-                     "documents' order in DOCS (both arms; accuracy in retrieval order is reported beside)")
+ORDER = typer.Option("retrieval", help="retrieval; stored-first: the longest stored chain first; canonical: one "
+                     "fixed order (by each document's hash) (both arms; accuracy in retrieval order is reported beside)")
 STREAM = typer.Option(None, help="instead of QUESTIONS as given, draw --stream-n questions: documents uniformly or by "
                       "Zipf popularity, then a question and one of its phrasings (paraphrases)")
 BLEND = typer.Option(None, "--blend", min=0.01, max=1.0, help="approximate: blend documents whose chain state is missing, "

@@ -7,9 +7,9 @@ same schedule, and the text path reads the same schedule):
 
 - `stored_prefix_first`: order the retrieved documents so the longest stored chain comes first.
   Order can change answers, so this is the user's choice; text and KV arms use the same order.
-- `canonical_order`: the retrieved documents in one fixed order (their order in the corpus), so a
-  set that recurs is the same chain whatever order the retriever returned it in. Order can change
-  answers, so this too is the user's choice.
+- `canonical_order`: the retrieved documents in one fixed order (by the SHA-256 of their text), so
+  a set that recurs is the same chain whatever order the retriever returned it in, with no corpus to
+  consult. Order can change answers, so this too is the user's choice.
 - `CorpusChain`: for corpora that fit the model's context (cache-augmented generation), the whole
   corpus is one chain and every question reads all of it.
 - `ChainWarmer`: co-retrieval statistics decide which chains will recur; they are deposited after
@@ -18,6 +18,7 @@ same schedule, and the text path reads the same schedule):
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import threading
@@ -40,11 +41,9 @@ log = logging.getLogger("kvrag.reuse")
 MAX_ORDER_CHECKS = 256
 
 
-def canonical_order(texts: Sequence[str], positions: dict[str, int]) -> list[str]:
-    """`texts` in their `positions` order (a document's place in the corpus); texts without a
-    position come last, in their given order."""
-    last = len(positions)
-    return [t for _, t in sorted(enumerate(texts), key=lambda p: (positions.get(p[1], last), p[0]))]
+def canonical_order(texts: Sequence[str]) -> list[str]:
+    """`texts` ordered by the SHA-256 of their UTF-8 bytes: the same set, the same order."""
+    return sorted(texts, key=lambda text: hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
 
 
 def stored_prefix_first(engine: Engine, texts: Sequence[str]) -> list[str]:

@@ -111,7 +111,6 @@ def run_ab(
     if policy not in ("lazy", "warm") or order not in ("retrieval", "stored-first", "canonical"):
         raise InputError("policy is lazy or warm; order is retrieval, stored-first or canonical")
     index = LexicalIndex([IndexedDoc(str(d["text"]), {"id": str(d["id"])}) for d in docs])
-    positions = {str(d["text"]): i for i, d in enumerate(docs)}
     stored_before = _stored(engine)
     began = time.perf_counter()
     corpus = CorpusChain(engine, [str(d["text"]) for d in docs]) if corpus_chain else None
@@ -126,7 +125,7 @@ def run_ab(
     rows: list[ABRow] = []
     stock = engine.layout.kind == "completion" if stock is None else stock
     for number, q in enumerate(questions, 1):
-        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend, stock, positions))
+        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend, stock))
         if progress:
             progress(number, len(questions))
     levers = [name for name, on in ((order, order != "retrieval"), ("corpus-chain", corpus is not None),
@@ -142,22 +141,22 @@ def run_ab(
     })
 
 
-def _ordered(engine: KVEngine, retrieved: list[str], order: Order, positions: dict[str, int]) -> list[str]:
+def _ordered(engine: KVEngine, retrieved: list[str], order: Order) -> list[str]:
     if order == "stored-first":
         return stored_prefix_first(engine, retrieved)
     if order == "canonical":
-        return canonical_order(retrieved, positions)
+        return canonical_order(retrieved)
     return retrieved
 
 
 def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
          order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None,
-         stock: bool = False, positions: dict[str, int] | None = None) -> ABRow:
+         stock: bool = False) -> ABRow:
     question, golds = str(q["question"]), [str(a) for a in q["answers"]]
     found = index.search(question, k)
     plain = [d.text for d, _ in found]  # what text RAG reads: the top k, in retrieval order
     retrieved = corpus.texts if corpus is not None else plain
-    texts = _ordered(engine, retrieved, order, positions or {})
+    texts = _ordered(engine, retrieved, order)
     t = time.perf_counter()
     if policy == "warm":
         engine.deposit_chain(texts)  # the KV arm's whole chain, stored right before it
