@@ -4,7 +4,7 @@ acceptance, the prefill, the runner, decoding, the receipt, deposits, and the `E
 from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.deposit import CANARY_QUESTION
-from kvrag.core.options import GenerationOptions, GenerationSettings
+from kvrag.core.options import RAG_DEFAULTS, GenerationOptions, GenerationSettings, Order
 from kvrag.core.protocol import Engine
 from kvrag.core.receipt import REASONS, Receipt, StateUse, Timings
 from kvrag.core.runner import logits_sha256
@@ -13,4 +13,5 @@ from kvrag.core.schedule import Segment, StateRef
 from kvrag.core.transcript import Message
 
 __all__ = ["Continuation", "Generation", "GenerationStream", "CANARY_QUESTION", "Engine", "GenerationOptions", "GenerationSettings",
+           "Order", "RAG_DEFAULTS",
            "Receipt", "StateUse", "Timings", "REASONS", "logits_sha256", "Sampling", "Segment", "StateRef", "Message"]

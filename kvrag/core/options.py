@@ -9,14 +9,18 @@ max_new_tokens=8)`), each overriding the options object given, if any.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Sequence
+from typing import Literal, Sequence
 
 from typing_extensions import TypedDict
 
 from kvrag.core.sampling import Sampling
 from kvrag.errors import InputError
 
-__all__ = ["GenerationOptions", "GenerationSettings", "options_of"]
+__all__ = ["GenerationOptions", "GenerationSettings", "options_of", "Order", "RAG_DEFAULTS"]
+
+#: the order documents are read in: as given (`retrieval`), one fixed order per set (`canonical`, by
+#: the hash of each text) or the longest stored chain first (`stored-first`); `kvrag.reuse.levers`
+Order = Literal["retrieval", "canonical", "stored-first"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,9 @@ class GenerationOptions:
       (`approximate-graft`); `blend` (True, or the share of tokens to recompute): move and partly
       recompute, if the blend gate passed this model. Both only for documents and a question.
     - `temperature` > 0 samples (then `top_k`, `top_p` and `seed` apply); 0 decodes greedily.
+    - `order`: the order the documents are read in (`Order`; documents and a question only: a
+      conversation's messages keep theirs). Anything but `retrieval` can change answers; a graft
+      and a text re-read (`graft=False`) read the same order.
     """
 
     max_new_tokens: int = 64
@@ -46,10 +53,13 @@ class GenerationOptions:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    order: Order = "retrieval"
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise InputError("max_new_tokens must be at least 1")
+        if self.order not in ("retrieval", "canonical", "stored-first"):
+            raise InputError(f"order is retrieval, canonical or stored-first, not {self.order!r}")
         if self.stop is not None and not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(self.stop))
         self.sampling  # noqa: B018 - refuses bad sampling settings here, before the first step
@@ -88,6 +98,12 @@ class GenerationOptions:
 
 _NAMES = frozenset(f.name for f in fields(GenerationOptions))
 
+#: What kvrag's RAG entry points run with unless told otherwise: the LangChain and LlamaIndex
+#: adapters, `kvrag serve` and `kvrag ab`'s default (lazy) policy. A document read as text is
+#: deposited after the answer, so it grafts from the next question on; documents are read in the
+#: retriever's order, so answers equal text RAG's.
+RAG_DEFAULTS = GenerationOptions(deposit_missing=True)
+
 
 class GenerationSettings(TypedDict, total=False):
     """`GenerationOptions`' fields as keyword arguments (see `GenerationOptions`)."""
@@ -103,6 +119,7 @@ class GenerationSettings(TypedDict, total=False):
     top_p: float
     top_k: int
     seed: int | None
+    order: Order
 
 
 def options_of(options: GenerationOptions | None, settings: dict[str, object]) -> GenerationOptions:

@@ -42,6 +42,7 @@ from kvrag.kernels.attention import INVARIANT
 from kvrag.models.loading import LoadedModel, load_model
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
 from kvrag.reuse.gate import BlendGate
+from kvrag.reuse.levers import reorder
 from kvrag.reuse.memo import Memo
 from kvrag.stores import StateStore, open_store
 from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
@@ -255,7 +256,7 @@ class KVEngine:
         deposited afterwards. Input errors are raised here, before the first step.
         """
         opts = options_of(options, dict(settings))
-        requested = list(states or [])
+        requested = reorder(self, states or [], opts.order)
         texts = [r.text if isinstance(r, StateRef) else r for r in requested]
         segments = self.plan(texts)
         question = self.planner.question(query, segments)

@@ -27,13 +27,14 @@ from collections import Counter
 from typing import Sequence
 
 from kvrag.artifacts.format import parse_manifest
+from kvrag.core.options import Order
 from kvrag.core.protocol import Engine
 from kvrag.core.schedule import StateRef
 from kvrag.errors import ContextTooLongError, KVRagError
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS
 from kvrag.trust.confidential import open_manifest
 
-__all__ = ["stored_prefix_first", "canonical_order", "CorpusChain", "ChainWarmer", "MAX_ORDER_CHECKS"]
+__all__ = ["stored_prefix_first", "canonical_order", "reorder", "CorpusChain", "ChainWarmer", "MAX_ORDER_CHECKS"]
 
 log = logging.getLogger("kvrag.reuse")
 
@@ -43,7 +44,25 @@ MAX_ORDER_CHECKS = 256
 
 def canonical_order(texts: Sequence[str]) -> list[str]:
     """`texts` ordered by the SHA-256 of their UTF-8 bytes: the same set, the same order."""
-    return sorted(texts, key=lambda text: hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
+    return sorted(texts, key=_digest)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+def reorder(engine: Engine, states: Sequence[StateRef | str], order: Order) -> list[StateRef | str]:
+    """`states` (refs or texts) in `order` (`kvrag.core.options.Order`). A ref moved from the
+    position it was deposited at is re-read as text there, as any ref placed elsewhere is."""
+    states = list(states)
+    texts = [s.text if isinstance(s, StateRef) else s for s in states]
+    if order == "retrieval" or len(states) < 2:
+        return states
+    ordered = canonical_order(texts) if order == "canonical" else stored_prefix_first(engine, texts)
+    pool: dict[str, list[StateRef | str]] = {}
+    for text, state in zip(texts, states):
+        pool.setdefault(text, []).append(state)
+    return [pool[text].pop(0) for text in ordered]
 
 
 def stored_prefix_first(engine: Engine, texts: Sequence[str]) -> list[str]:

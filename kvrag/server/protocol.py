@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvrag.core.decoding import Generation
-from kvrag.core.options import GenerationOptions
+from kvrag.core.options import RAG_DEFAULTS, GenerationOptions, Order
 from kvrag.core.receipt import Receipt
 
 __all__ = ["Document", "KVRagOptions", "ChatRequest", "CompletionRequest", "ApiError", "error_body", "Usage",
@@ -93,9 +93,11 @@ class KVRagOptions(BaseModel):
     #: False: every document and message is read as text (the text-RAG arm of a comparison)
     graft: bool = True
     #: deposit what was read as text, so the next prompt that begins alike grafts it
-    deposit: bool = True
+    deposit: bool = RAG_DEFAULTS.deposit_missing
     #: answer a recurring question from its verified memo state
-    memo: bool = True
+    memo: bool = RAG_DEFAULTS.memo
+    #: the order the documents are read in (`kvrag.GenerationOptions.order`); not for a conversation's messages
+    order: Order = RAG_DEFAULTS.order
 
     @field_validator("documents", mode="before")
     @classmethod
@@ -188,7 +190,7 @@ class _Sampling(BaseModel):
         return GenerationOptions(
             max_new_tokens=self.limit(default_max_tokens), stop=tuple(self.stops) or None, graft=self.kvrag.graft,
             deposit_missing=self.kvrag.deposit, memo=self.kvrag.memo, temperature=self.temperature,
-            top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+            top_p=self.top_p, top_k=self.top_k, seed=self.seed, order=self.kvrag.order,
         )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from kvrag import GenerationOptions, KVEngine
+from kvrag import RAG_DEFAULTS, GenerationOptions, KVEngine, Order
 from kvrag.apps import EngineOpener, call_options
 
 __all__ = ["KVEngineFields"]
@@ -29,8 +29,9 @@ class KVEngineFields(BaseModel):
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    deposit_missing: bool = True
+    deposit_missing: bool = RAG_DEFAULTS.deposit_missing  # deposit what was read as text, after the answer
     graft: bool = True  # False: re-read every document as text, same tokens and segments (plain text RAG)
+    order: Order = RAG_DEFAULTS.order  # the order documents are read in (kvrag.GenerationOptions)
     _opener: EngineOpener = PrivateAttr(default_factory=EngineOpener)
 
     @property
@@ -49,5 +50,5 @@ class KVEngineFields(BaseModel):
         """The engine's options for one call: the fields, overridden by the call's `stop` and kwargs."""
         fields = GenerationOptions(max_new_tokens=self.max_tokens, stop=tuple(self.stop) if self.stop else None,
                                    graft=self.graft, deposit_missing=self.deposit_missing, temperature=self.temperature,
-                                   top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+                                   top_p=self.top_p, top_k=self.top_k, seed=self.seed, order=self.order)
         return call_options(fields, {**kwargs, "stop": stop})

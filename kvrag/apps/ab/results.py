@@ -8,12 +8,13 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel
 
+from kvrag.core.options import Order
 from kvrag.errors import InputError
 
 __all__ = ["ABRow", "ABSummary", "Policy", "Order", "load_jsonl"]
 
 Policy = Literal["lazy", "warm"]
-Order = Literal["retrieval", "stored-first", "canonical"]
+
 
 
 class ABRow(BaseModel):

@@ -7,7 +7,7 @@ user's own pipeline runs: the whole prompt string tokenized at once and a stock 
 `model.generate`. Its answers and first-token logits are reported beside them: with sdpa or eager
 its bytes differ slightly, with the invariant kernel (`attn="invariant"`) they are equal. For a base
 model (the completion layout) a fourth, `stock` arm is what a user of that model writes without
-kvrag: the documents and `Question: ... / Generation:` as one plain completion prompt
+kvrag: the documents and `Question: ... / Answer:` as one plain completion prompt
 (`STOCK_COMPLETION`), `tokenizer(prompt)` with its default special tokens, and a stock greedy
 `model.generate`; its accuracy is printed beside both arms'. A KV answer that contains a gold answer is verified by
 that check and memoized; a later `recurring` variant of the question must then be a memo hit.
@@ -42,14 +42,14 @@ from kvrag.core.runner import logits_sha256
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError, VerificationError
 from kvrag.reuse.gate import kl_divergence
-from kvrag.reuse.levers import ChainWarmer, CorpusChain, canonical_order, stored_prefix_first
+from kvrag.reuse.levers import ChainWarmer, CorpusChain, reorder
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
 from kvrag.reuse.memo import Provenance
 
 __all__ = ["run_ab", "STOCK_COMPLETION"]
 
 #: the stock arm's prompt: the documents, then the question and the answer cue, as plain text
-STOCK_COMPLETION = "{documents}\n\nQuestion: {question}\nGeneration:"
+STOCK_COMPLETION = "{documents}\n\nQuestion: {question}\nAnswer:"
 
 def _hit(answer: str, golds: Sequence[str]) -> bool:
     return any(g.casefold() in answer.casefold() for g in golds)
@@ -141,14 +141,6 @@ def run_ab(
     })
 
 
-def _ordered(engine: KVEngine, retrieved: list[str], order: Order) -> list[str]:
-    if order == "stored-first":
-        return stored_prefix_first(engine, retrieved)
-    if order == "canonical":
-        return canonical_order(retrieved)
-    return retrieved
-
-
 def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
          order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None,
          stock: bool = False) -> ABRow:
@@ -156,7 +148,7 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_n
     found = index.search(question, k)
     plain = [d.text for d, _ in found]  # what text RAG reads: the top k, in retrieval order
     retrieved = corpus.texts if corpus is not None else plain
-    texts = _ordered(engine, retrieved, order)
+    texts = [str(t) for t in reorder(engine, retrieved, order)]  # both arms read this order
     t = time.perf_counter()
     if policy == "warm":
         engine.deposit_chain(texts)  # the KV arm's whole chain, stored right before it

@@ -26,7 +26,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from llama_index.retrievers.kvrag import KVRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from kvrag import GenerationOptions, GenerationStream, KVEngine, StateRef
+from kvrag import RAG_DEFAULTS, GenerationOptions, GenerationStream, KVEngine, Order, StateRef
 from kvrag.apps import RECEIPT_KEY, STATE_KEY, EngineOpener, call_options, states_for
 
 __all__ = ["KVRagLLM", "KVSynthesizer", "KVQueryEngine"]
@@ -66,8 +66,9 @@ class KVRagLLM(CustomLLM):
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    deposit_missing: bool = True
+    deposit_missing: bool = RAG_DEFAULTS.deposit_missing  # deposit what was read as text, after the answer
     graft: bool = True  # False: read every prompt as text, in the same segments (plain text RAG)
+    order: Order = RAG_DEFAULTS.order  # the order documents are read in (kvrag.GenerationOptions)
     _opener: EngineOpener = PrivateAttr(default_factory=EngineOpener)
 
     @classmethod
@@ -82,7 +83,7 @@ class KVRagLLM(CustomLLM):
         """This LLM's options (its fields), each overridden by a call's `kwargs` where given."""
         fields = GenerationOptions(max_new_tokens=self.max_new_tokens, graft=self.graft,
                                    deposit_missing=self.deposit_missing, temperature=self.temperature,
-                                   top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+                                   top_p=self.top_p, top_k=self.top_k, seed=self.seed, order=self.order)
         return call_options(fields, kwargs or {})
 
     @property
