@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 import typer
 from rich.table import Table
@@ -31,6 +31,9 @@ from kvrag.cli.common import (
 )
 from kvrag.errors import KVRagError
 
+if TYPE_CHECKING:
+    from kvrag.apps.ab import ABSummary
+
 __all__ = ["register"]
 
 
@@ -50,6 +53,11 @@ ORDER = typer.Option("retrieval", help="retrieval; stored-first: the longest sto
                      "fixed order (by each document's hash) (both arms; accuracy in retrieval order is reported beside)")
 STREAM = typer.Option(None, help="instead of QUESTIONS as given, draw --stream-n questions: documents uniformly or by "
                       "Zipf popularity, then a question and one of its phrasings (paraphrases)")
+STREAM_N = typer.Option(80, "--stream-n", min=1, help="questions in a drawn stream")
+ZIPF_S = typer.Option(1.1, "--zipf-s", min=0.0, max=10.0, help="the Zipf exponent of a zipf stream")
+SEED = typer.Option(0, help="the seed of a drawn stream (the same seed, the same stream)")
+ADMIT_AFTER = typer.Option(1, "--admit-after", min=1, max=1000, help="lazy: deposit a chain read as text from its "
+                           "N-th reading on (1: the first)")
 BLEND = typer.Option(None, "--blend", min=0.01, max=1.0, help="approximate: blend documents whose chain state is missing, "
                      "recomputing this share of their tokens (gated)")
 STOCK = typer.Option(None, "--stock/--no-stock", help="also run the stock completion arm: a plain completion prompt and "
@@ -70,11 +78,12 @@ def ab(
                                             "warm: each question's whole chain deposited right before it"),
     order: Literal["retrieval", "stored-first", "canonical"] = ORDER,
     stream: Optional[Literal["uniform", "zipf"]] = STREAM,
-    stream_n: int = typer.Option(80, "--stream-n", min=1, help="questions in a drawn stream"),
-    zipf_s: float = typer.Option(1.1, "--zipf-s", min=0.0, max=10.0, help="the Zipf exponent of a zipf stream"),
-    seed: int = typer.Option(0, help="the seed of a drawn stream (the same seed, the same stream)"),
+    stream_n: int = STREAM_N,
+    zipf_s: float = ZIPF_S,
+    seed: int = SEED,
     corpus_chain: bool = typer.Option(False, "--corpus-chain", help="the whole corpus as one chain, read by every question"),
     warm_chains: bool = typer.Option(False, "--warm-chains", help="deposit co-retrieved chains after answers"),
+    admit_after: int = ADMIT_AFTER,
     blend: Optional[float] = BLEND,
     out_path: Optional[str] = typer.Option(None, "--out", help="write the summary and rows to this JSON file"),
     report: Optional[str] = typer.Option(None, help="write report.md and PNG plots into this folder"),
@@ -86,7 +95,7 @@ def ab(
     as_json: bool = JSON,
 ) -> None:
     """Compare text RAG and KV RAG on the same retrieval, prompt and decoding."""
-    from kvrag.apps.ab import load_jsonl, run_ab, skewed_stream, summary_rows, write_report
+    from kvrag.apps.ab import load_jsonl, run_ab, skewed_stream, write_report
     from kvrag.data import sample_paths
 
     try:
@@ -98,9 +107,9 @@ def ab(
         engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
         with progress(as_json) as bar:
             task = bar.add_task("A/B", total=len(question_rows))
-            summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_tokens,
-                             policy=policy, order=order, corpus_chain=corpus_chain,
-                             warm_chains=warm_chains, blend=blend, stock=stock, progress=lambda done, _n: bar.update(task, completed=done))
+            summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_tokens, policy=policy, order=order,
+                             corpus_chain=corpus_chain, warm_chains=warm_chains, blend=blend, stock=stock,
+                             admit_after=admit_after, progress=lambda done, _n: bar.update(task, completed=done))
         if report:
             err.print(f"report: {write_report(summary, report)}")
     except KVRagError as e:
@@ -109,7 +118,13 @@ def ab(
         Path(out_path).write_text(summary.model_dump_json(indent=2), encoding="utf-8")
     if as_json:
         print(summary.model_dump_json(indent=2))
-        return
+    else:
+        _print_summary(summary)
+
+
+def _print_summary(summary: "ABSummary") -> None:
+    from kvrag.apps.ab import summary_rows
+
     levers = f", {', '.join(summary.levers)}" if summary.levers else ""
     table = Table("figure", "value", title=f"kvrag ab: {summary.model}, k={summary.k}, {summary.n} questions, "
                   f"policy {summary.policy}{levers}")

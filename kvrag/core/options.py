@@ -31,7 +31,8 @@ class GenerationOptions:
       prompt layout's own).
     - `graft`: False reads every document and message as text (the text-RAG arm of a comparison).
     - `deposit_missing`: while grafting, deposit afterwards what was read as text, so the next
-      prompt that begins alike grafts it (with `graft=False` nothing is deposited).
+      prompt that begins alike grafts it (with `graft=False` nothing is deposited); `admit_after`:
+      only once the same chain was read as text that many times (1: the first time).
     - `memo`: answer a recurring question from its verified memo state (documents and a question).
     - `approximate`: move a state deposited at other positions instead of re-reading it
       (`approximate-graft`); `blend` (True, or the share of tokens to recompute): move and partly
@@ -46,6 +47,7 @@ class GenerationOptions:
     stop: tuple[str, ...] | None = None
     graft: bool = True
     deposit_missing: bool = False
+    admit_after: int = 1
     memo: bool = True
     approximate: bool = False
     blend: bool | float = False
@@ -58,6 +60,8 @@ class GenerationOptions:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise InputError("max_new_tokens must be at least 1")
+        if not 1 <= self.admit_after <= 1000:
+            raise InputError("admit_after is a number of readings from 1 to 1000")
         if self.order not in ("retrieval", "canonical", "stored-first"):
             raise InputError(f"order is retrieval, canonical or stored-first, not {self.order!r}")
         if self.stop is not None and not isinstance(self.stop, tuple):
@@ -112,6 +116,7 @@ class GenerationSettings(TypedDict, total=False):
     stop: Sequence[str] | None
     graft: bool
     deposit_missing: bool
+    admit_after: int
     memo: bool
     approximate: bool
     blend: bool | float

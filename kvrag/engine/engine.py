@@ -40,6 +40,7 @@ from kvrag.engine.continuer import Continuer
 from kvrag.errors import InputError, KVRagError
 from kvrag.kernels.attention import INVARIANT
 from kvrag.models.loading import LoadedModel, load_model
+from kvrag.reuse.admission import Admission
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
 from kvrag.reuse.gate import BlendGate
 from kvrag.reuse.levers import reorder
@@ -136,6 +137,7 @@ class KVEngine:
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, self.deadline_s,
                                    self.prefixes, self.whereabouts, stream_grafts=stream_grafts,
                                    ready=ReadyBuffers(ready_buffers_bytes) if invariant else None)
+        self.admission = Admission()  # which chains read as text are deposited (`admit_after`)
         self.memo = Memo(self.identity, self.planner, self.records, self.depositor, self.restorer, self.run,
                          vocabulary=self.model.vocabulary, deadline_s=self.deadline_s)
         self.gate = BlendGate(self.identity, self.planner, self.records, self.depositor, self.run,
@@ -272,8 +274,8 @@ class KVEngine:
                                        sampling=opts.sampling, blend=ratio, notes=notes,
                                        any_boundary=not opts.approximate and ratio is None, layout=self.layout.kind))
         if opts.deposits and segments:
-            return self._then_deposit(answer, lambda generation: segments if _read_as_text(generation) else [],
-                                      "the chain")
+            return self._then_deposit(answer, lambda generation: segments if _read_as_text(generation) and
+                                      self.admission.admit(segments, opts.admit_after) else [], "the chain")
         return answer
 
     def _blend(self, opts: GenerationOptions, requested: list[StateRef | str],

@@ -94,6 +94,8 @@ class KVRagOptions(BaseModel):
     graft: bool = True
     #: deposit what was read as text, so the next prompt that begins alike grafts it
     deposit: bool = RAG_DEFAULTS.deposit_missing
+    #: ...once the same chain was read as text this many times (1: the first)
+    admit_after: int = Field(default=RAG_DEFAULTS.admit_after, ge=1, le=1000)
     #: answer a recurring question from its verified memo state
     memo: bool = RAG_DEFAULTS.memo
     #: the order the documents are read in (`kvrag.GenerationOptions.order`); not for a conversation's messages
@@ -191,6 +193,7 @@ class _Sampling(BaseModel):
             max_new_tokens=self.limit(default_max_tokens), stop=tuple(self.stops) or None, graft=self.kvrag.graft,
             deposit_missing=self.kvrag.deposit, memo=self.kvrag.memo, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k, seed=self.seed, order=self.kvrag.order,
+            admit_after=self.kvrag.admit_after,
         )
 
 

@@ -18,7 +18,7 @@ from kvrag.reuse.levers import canonical_order
 from kvrag.server.protocol import ChatRequest, CompletionRequest
 from tests.conftest import DOC_A, DOC_B, DOC_C, QUESTION, tiny
 
-POLICY = ("deposit_missing", "memo", "graft", "order")
+POLICY = ("deposit_missing", "admit_after", "memo", "graft", "order")
 
 
 def policy(options) -> dict[str, object]:
@@ -27,7 +27,7 @@ def policy(options) -> dict[str, object]:
 
 def test_the_adapters_the_server_and_kvrag_ab_share_one_set_of_defaults():
     expected = policy(RAG_DEFAULTS)
-    assert expected == {"deposit_missing": True, "memo": True, "graft": True, "order": "retrieval"}
+    assert expected == {"deposit_missing": True, "admit_after": 1, "memo": True, "graft": True, "order": "retrieval"}
     engine = KVEngine(tiny("llama"), MemoryStore())
     assert policy(ChatKVRAG(engine=engine)._options(None, {})) == expected
     assert policy(LangChainLLM(engine=engine)._options(None, {})) == expected
@@ -40,6 +40,18 @@ def test_the_adapters_the_server_and_kvrag_ab_share_one_set_of_defaults():
     command = inspect.signature(ab).parameters
     assert run["policy"].default == command["policy"].default.default == "lazy"
     assert run["order"].default == command["order"].default.default == expected["order"]
+    assert run["admit_after"].default == command["admit_after"].default.default == expected["admit_after"]
+
+
+def test_a_chain_is_deposited_from_its_admit_after_th_reading_as_text_on():
+    engine = KVEngine(tiny("llama"), MemoryStore())
+    docs = [DOC_A, DOC_B]
+    modes = [engine.generate(QUESTION, states=docs, max_new_tokens=2, memo=False, deposit_missing=True, admit_after=3).receipt.mode
+             for _ in range(4)]
+    assert modes == ["text-prefill", "text-prefill", "text-prefill", "exact-graft"]
+    assert engine.admission.count(engine.plan(docs)) == 3
+    with pytest.raises(InputError, match="admit_after"):
+        engine.generate(QUESTION, states=docs, admit_after=0)
 
 
 @pytest.mark.parametrize("order", ["canonical", "stored-first"])

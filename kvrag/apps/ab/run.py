@@ -38,6 +38,7 @@ import torch
 
 from kvrag.apps.ab.results import ABRow, ABSummary, Order, Policy
 from kvrag.core.decoding import Generation, cut_at_stops
+from kvrag.core.options import RAG_DEFAULTS, GenerationOptions
 from kvrag.core.runner import logits_sha256
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError, VerificationError
@@ -100,6 +101,7 @@ def run_ab(
     warm_chains: bool = False,
     blend: float | None = None,
     stock: bool | None = None,
+    admit_after: int = RAG_DEFAULTS.admit_after,
     progress: Callable[[int, int], None] | None = None,
 ) -> ABSummary:
     """Both arms for every question (see the module docstring for `policy` and the levers), and the
@@ -125,7 +127,8 @@ def run_ab(
     rows: list[ABRow] = []
     stock = engine.layout.kind == "completion" if stock is None else stock
     for number, q in enumerate(questions, 1):
-        rows.append(_row(engine, index, q, k, max_new_tokens, policy, order, corpus, warmer, blend, stock))
+        rows.append(_row(engine, index, q, k, policy, order, corpus, warmer, blend, stock,
+                         GenerationOptions(max_new_tokens=max_new_tokens, admit_after=admit_after)))
         if progress:
             progress(number, len(questions))
     levers = [name for name, on in ((order, order != "retrieval"), ("corpus-chain", corpus is not None),
@@ -141,9 +144,9 @@ def run_ab(
     })
 
 
-def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_new_tokens: int, policy: Policy,
-         order: Order, corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None,
-         stock: bool = False) -> ABRow:
+def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, policy: Policy, order: Order,
+         corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None, stock: bool,
+         options: GenerationOptions) -> ABRow:
     question, golds = str(q["question"]), [str(a) for a in q["answers"]]
     found = index.search(question, k)
     plain = [d.text for d, _ in found]  # what text RAG reads: the top k, in retrieval order
@@ -153,12 +156,11 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, max_n
     if policy == "warm":
         engine.deposit_chain(texts)  # the KV arm's whole chain, stored right before it
     deposit_before_ms = (time.perf_counter() - t) * 1e3 if policy == "warm" else 0.0
-    text = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, graft=False, memo=False)
-    in_order = text if texts == plain else engine.generate(question, states=plain, max_new_tokens=max_new_tokens,
-                                                           graft=False, memo=False)
+    max_new_tokens = options.max_new_tokens
+    text = engine.generate(question, states=texts, options=options, graft=False, memo=False)
+    in_order = text if texts == plain else engine.generate(question, states=plain, options=options, graft=False, memo=False)
     t = time.perf_counter()
-    kv = engine.generate(question, states=texts, max_new_tokens=max_new_tokens, deposit_missing=policy == "lazy",
-                         blend=blend or False)
+    kv = engine.generate(question, states=texts, options=options, deposit_missing=policy == "lazy", blend=blend or False)
     deposit_after_ms = max((time.perf_counter() - t) * 1e3 - kv.receipt.timings.total_ms, 0.0)
     if warmer is not None:
         warmer.observe(retrieved)

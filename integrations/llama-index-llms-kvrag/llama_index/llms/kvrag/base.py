@@ -67,6 +67,7 @@ class KVRagLLM(CustomLLM):
     top_k: int = 0
     seed: int | None = None
     deposit_missing: bool = RAG_DEFAULTS.deposit_missing  # deposit what was read as text, after the answer
+    admit_after: int = RAG_DEFAULTS.admit_after  # ...once the same chain was read as text this many times
     graft: bool = True  # False: read every prompt as text, in the same segments (plain text RAG)
     order: Order = RAG_DEFAULTS.order  # the order documents are read in (kvrag.GenerationOptions)
     _opener: EngineOpener = PrivateAttr(default_factory=EngineOpener)
@@ -83,7 +84,8 @@ class KVRagLLM(CustomLLM):
         """This LLM's options (its fields), each overridden by a call's `kwargs` where given."""
         fields = GenerationOptions(max_new_tokens=self.max_new_tokens, graft=self.graft,
                                    deposit_missing=self.deposit_missing, temperature=self.temperature,
-                                   top_p=self.top_p, top_k=self.top_k, seed=self.seed, order=self.order)
+                                   top_p=self.top_p, top_k=self.top_k, seed=self.seed, order=self.order,
+                                   admit_after=self.admit_after)
         return call_options(fields, kwargs or {})
 
     @property
