@@ -41,14 +41,12 @@ if TYPE_CHECKING:
     from kvrag.apps import VerifyReport, verify_model
     from kvrag.artifacts import StateManifest
     from kvrag.core import (
-        RAG_DEFAULTS,
         Continuation,
         Engine,
         Generation,
         GenerationOptions,
         GenerationStream,
         Message,
-        Order,
         Receipt,
         Segment,
         StateRef,
@@ -68,8 +66,8 @@ __version__ = VERSION
 _LAZY = {
     "kvrag.apps": ["VerifyReport", "verify_model"],
     "kvrag.artifacts": ["StateManifest"],
-    "kvrag.core": ["Continuation", "Engine", "Generation", "GenerationOptions", "GenerationStream", "Message", "Order",
-                   "RAG_DEFAULTS", "Receipt", "Segment", "StateRef", "StateUse", "Timings"],
+    "kvrag.core": ["Continuation", "Engine", "Generation", "GenerationOptions", "GenerationStream", "Message", "Receipt", "Segment",
+                   "StateRef", "StateUse", "Timings"],
     "kvrag.engine": ["KVEngine"],
     "kvrag.models": ["HardwareFingerprint", "LoadedModel", "ModelFingerprint", "hardware_fingerprint", "load_model"],
     "kvrag.reuse": ["Provenance"],
@@ -98,8 +96,6 @@ __all__ = [
     "KVEngine",
     "Engine",
     "GenerationOptions",
-    "Order",
-    "RAG_DEFAULTS",
     "EngineIdentity",
     "Message",
     "Provenance",

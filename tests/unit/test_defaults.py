@@ -1,5 +1,5 @@
 """Where users are, the same policy: the LangChain and LlamaIndex adapters, `kvrag serve` and
-`kvrag ab` (its default, lazy policy) answer with the same reuse defaults, `kvrag.RAG_DEFAULTS`;
+`kvrag ab` (its default, lazy policy) answer with the same reuse defaults, `kvrag.core.RAG_DEFAULTS`;
 and the `order` setting reads documents in the order it names, a graft and a re-read alike."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from langchain_kvrag import ChatKVRAG
 from langchain_kvrag import KVRagLLM as LangChainLLM
 from llama_index.llms.kvrag import KVRagLLM as LlamaIndexLLM
 
-from kvrag import RAG_DEFAULTS, InputError, KVEngine, MemoryStore
+from kvrag import InputError, KVEngine, MemoryStore
 from kvrag.apps.ab import run_ab
 from kvrag.cli.ab import ab
+from kvrag.core import RAG_DEFAULTS
 from kvrag.reuse.levers import canonical_order
 from kvrag.server.protocol import ChatRequest, CompletionRequest
 from tests.conftest import DOC_A, DOC_B, DOC_C, QUESTION, tiny

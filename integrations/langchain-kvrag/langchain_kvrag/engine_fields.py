@@ -7,8 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from kvrag import RAG_DEFAULTS, GenerationOptions, KVEngine, Order
+from kvrag import GenerationOptions, KVEngine
 from kvrag.apps import EngineOpener, call_options
+from kvrag.core import RAG_DEFAULTS, Order
 
 __all__ = ["KVEngineFields"]
 

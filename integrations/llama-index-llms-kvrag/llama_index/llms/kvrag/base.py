@@ -26,8 +26,9 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from llama_index.retrievers.kvrag import KVRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from kvrag import RAG_DEFAULTS, GenerationOptions, GenerationStream, KVEngine, Order, StateRef
+from kvrag import GenerationOptions, GenerationStream, KVEngine, StateRef
 from kvrag.apps import RECEIPT_KEY, STATE_KEY, EngineOpener, call_options, states_for
+from kvrag.core import RAG_DEFAULTS, Order
 
 __all__ = ["KVRagLLM", "KVSynthesizer", "KVQueryEngine"]
 
