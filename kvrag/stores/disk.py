@@ -11,8 +11,8 @@ short read (an integrity miss), never the SIGBUS a memory mapping would raise.
 A capped store (`disk://PATH?max_gib=50`) drops states after each write until its state files fit,
 in `kvrag.stores.capacity` order: every read marks its file used (its modification time, which
 the kernel never moves on a read, unlike the access time), so every process sharing the folder sees
-the others' reads. A dropped file is unlinked: a reader that opened
-it first still reads it whole, a later one misses.
+the others' reads. A dropped file is unlinked: a reader that opened it first still reads it whole,
+a later one misses.
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class DiskStore(StateStore, BlobStore):
         query = {} if max_bytes is None else {"max_gib": f"{max_bytes / (1 << 30):g}"}
         if eviction != "lru":
             query["evict"] = eviction
+        if half_life_s != DEFAULT_HALF_LIFE_S:
+            query["half_life_s"] = f"{half_life_s:g}"
         self.url = f"disk://{self.root}" + (f"?{urlencode(query)}" if query else "")
 
     @classmethod
@@ -172,7 +174,7 @@ class DiskStore(StateStore, BlobStore):
         try:
             os.utime(f.fileno(), ns=(os.fstat(f.fileno()).st_atime_ns, time.time_ns()))
         except OSError:
-            pass  # a file this user cannot touch keeps its old access time: it only goes sooner
+            pass  # a file this user cannot touch keeps its old time: it only goes sooner
 
     def _holds(self, key: str) -> bool:
         def whole(f: Any, size: int) -> bool:
