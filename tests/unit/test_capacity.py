@@ -63,10 +63,9 @@ def test_lru_orders_by_last_use_and_value_by_recency_weighted_hits() -> None:
     assert value.order([("a", 0.0), ("b", 500.0)], now=500.0) == ["a", "b"]
 
 
-@pytest.mark.parametrize("eviction", ["lru", "value"])
-def test_a_full_memory_tier_drops_by_its_order(eviction: str) -> None:
-    size = 1000
-    store = MemoryStore(max_bytes=3 * (size + len(manifest(size))), eviction=eviction)  # type: ignore[arg-type]
+def fill_use_and_overflow(store, size: int) -> list[str]:
+    """Three states filling `store`, used so that the least recently used (a, read before b and c)
+    and the least used (b, one read, older than c's) differ, then a fourth: the names still held."""
     for name in "abc":
         store.put(key(name), manifest(size), payload(name, size))
     for _ in range(3):
@@ -74,9 +73,17 @@ def test_a_full_memory_tier_drops_by_its_order(eviction: str) -> None:
     store.read(key("b"))
     store.read(key("c"))
     store.put(key("d"), manifest(size), payload("d", size))
-    # least recently used: a (read before b and c); least used: b (one read, older than c's)
-    gone = {"lru": "a", "value": "b"}[eviction]
-    assert sorted(n for n in "abcd" if key(n) in store) == sorted(set("abcd") - {gone})
+    return sorted(n for n in "abcd" if key(n) in store)
+
+
+GONE = {"lru": "a", "value": "b"}
+
+
+@pytest.mark.parametrize("eviction", ["lru", "value"])
+def test_a_full_memory_tier_drops_by_its_order(eviction: str) -> None:
+    size = 1000
+    store = MemoryStore(max_bytes=3 * (size + len(manifest(size))), eviction=eviction)  # type: ignore[arg-type]
+    assert fill_use_and_overflow(store, size) == sorted(set("abcd") - {GONE[eviction]})
     assert store.evictions == 1 and store.bytes_held <= store.max_bytes  # type: ignore[operator]
 
 
@@ -85,19 +92,11 @@ def test_a_full_disk_tier_drops_by_its_order(tmp_path, eviction: str) -> None:
     size = 10_000
     probe = disk(tmp_path / "probe", 1 << 30)
     store = disk(tmp_path / "store", 3 * file_size(probe, size), eviction)
-    for name in "abc":
-        store.put(key(name), manifest(size), payload(name, size))
-    for _ in range(3):
-        store.read(key("a"))
-    store.read(key("b"))
-    store.read(key("c"))
-    store.put(key("d"), manifest(size), payload("d", size))
-    gone = {"lru": "a", "value": "b"}[eviction]
-    assert sorted(n for n in "abcd" if key(n) in store) == sorted(set("abcd") - {gone})
+    assert fill_use_and_overflow(store, size) == sorted(set("abcd") - {GONE[eviction]})
 
 
 def test_another_process_reads_count_as_uses_on_disk(tmp_path) -> None:
-    """Recency lives in the files (their access time): a second store object on the same folder,
+    """Recency lives in the files (their modification time): a second store object on the same folder,
     as a second process would have, sees the first one's reads."""
     size = 10_000
     probe = disk(tmp_path / "probe", 1 << 30)
