@@ -41,11 +41,12 @@ from kvrag.core.decoding import Generation, cut_at_stops
 from kvrag.core.options import RAG_DEFAULTS, GenerationOptions
 from kvrag.core.runner import logits_sha256
 from kvrag.engine.engine import KVEngine
-from kvrag.errors import InputError, VerificationError
+from kvrag.errors import InputError, KVRagError, VerificationError
 from kvrag.reuse.gate import kl_divergence
 from kvrag.reuse.levers import ChainWarmer, CorpusChain, reorder
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
 from kvrag.reuse.memo import Provenance
+from kvrag.stores import UNTRUSTED_PARSE_ERRORS
 
 __all__ = ["run_ab", "STOCK_COMPLETION"]
 
@@ -211,15 +212,19 @@ def _receipt_figures(text: Generation, kv: Generation) -> dict[str, Any]:
 
 
 def _stored(engine: KVEngine) -> dict[tuple[str, str], int]:
-    """(tier, key) -> stored bytes (manifest and payload) of every state in the engine's store."""
+    """(tier, key) -> stored bytes (manifest and payload) of every state in the engine's store; a
+    state that cannot be read is left out (stored bytes are a figure here, never a reason to stop)."""
     sizes = {}
     for tier in engine.store.tiers:
         for key in tier.keys():
-            manifest = tier.read_manifest(key)
             try:
-                sizes[(tier.url, key)] = len(manifest or b"") + int(json.loads(manifest or b"{}").get("payload_bytes", 0))
-            except (ValueError, AttributeError, TypeError):
-                sizes[(tier.url, key)] = len(manifest or b"")  # an encrypted manifest: its own bytes only
+                manifest = tier.read_manifest(key) or b""
+            except KVRagError:  # a planted non-file under a state's name, say
+                continue
+            try:
+                sizes[(tier.url, key)] = len(manifest) + int(json.loads(manifest).get("payload_bytes", 0))
+            except UNTRUSTED_PARSE_ERRORS:
+                sizes[(tier.url, key)] = len(manifest)  # an encrypted or damaged manifest: its own bytes only
     return sizes
 
 
