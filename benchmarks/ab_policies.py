@@ -6,6 +6,7 @@ the tables of docs/benchmarks/ab-policies.md: receipt mode mix, whole-context hi
 overall and per mode, accuracy per arm, and the deposit cost.
 
     python benchmarks/ab_policies.py                   # policies at k=1,3,5, the levers and the blend at k=3
+    python benchmarks/ab_policies.py --lever-ks 3,5    # the levers at k=3 and k=5
     python benchmarks/ab_policies.py --json out.json   # also every summary
     python benchmarks/ab_policies.py --streams uniform,zipf --n 80 --policies lazy --only lazy
                                                        # drawn streams of 80 questions (kvrag.apps.ab.streams)
@@ -46,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--ks", default="1,3,5")
-    parser.add_argument("--lever-k", type=int, default=3)
+    parser.add_argument("--lever-ks", default="3", help="the k values the levers run at (comma-separated)")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--only", help="comma-separated words: run only the configurations whose label has one")
     parser.add_argument("--policies", default="lazy,warm", help="the policies run at every k")
@@ -67,8 +68,8 @@ def main() -> None:
     for stream in streams:
         for k in (int(x) for x in args.ks.split(",")):
             runs += [(stream, policy, {"k": k, "policy": policy}) for policy in args.policies.split(",")]
-        k = args.lever_k
-        runs += [(stream, label, {"k": k, "policy": "lazy", **options}) for label, options in LEVERS]
+        runs += [(stream, label, {"k": int(k), "policy": "lazy", **options})
+                 for k in args.lever_ks.split(",") for label, options in LEVERS]
     if args.only:
         runs = [r for r in runs if any(word in f"{r[0]} {r[1]}" for word in args.only.split(","))]
     print(f"{args.model}, bundled documents ({len(docs)}), questions: {', '.join(f'{n} ({len(q)})' for n, q in streams.items())}"
@@ -82,14 +83,14 @@ def main() -> None:
         summary = run_ab(KVEngine(model, MemoryStore()), docs, streams[stream], max_new_tokens=args.max_new_tokens, **options)
         results.append((f"{stream}: {label}", summary))
         print(f"| {stream} {line(label, summary)}", flush=True)  # each row as soon as its run ends
-    print("\n| lever (k=%d, lazy) | reordered rows | answers changed by the order | approximate rows | "
-          "answers changed by the blend | KL vs exact text arm (mean) | first-token argmax agreement | gate |" % k)
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("\n| lever (lazy) | k | reordered rows | answers changed by the order | approximate rows | "
+          "answers changed by the blend | KL vs exact text arm (mean) | first-token argmax agreement | gate |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for label, s in [(label, s) for label, s in results if "lazy +" in label]:
         gate = s.blend_gate
         verdict = (f"{'allowed' if gate['passed'] else 'refused'}: KL {gate['kl_mean']:.3g}, agreement "
                    f"{gate['argmax_agreement']:.0%} on {gate['samples']}") if gate else "-"
-        print(f"| {label} | {sum(r.order_changed for r in s.rows)} | {sum(r.answer_changed_by_order for r in s.rows)} | "
+        print(f"| {label} | {s.k} | {sum(r.order_changed for r in s.rows)} | {sum(r.answer_changed_by_order for r in s.rows)} | "
               f"{s.approximate_rows} | {sum(r.answer_changed_by_blend for r in s.rows)} | {s.kl_mean_approximate:.3g} | {s.argmax_agreement_approximate:.2f} | {verdict} |")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:

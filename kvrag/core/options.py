@@ -32,7 +32,9 @@ class GenerationOptions:
     - `graft`: False reads every document and message as text (the text-RAG arm of a comparison).
     - `deposit_missing`: while grafting, deposit afterwards what was read as text, so the next
       prompt that begins alike grafts it (with `graft=False` nothing is deposited); `admit_after`:
-      only once the same chain was read as text that many times (1: the first time).
+      only once the same chain was read as text that many times (1: the first time);
+      `deposit_in_background`: on the engine's deposit worker (`engine.deposits`, within its byte
+      and time budget), so the answer's end never waits for the deposit.
     - `memo`: answer a recurring question from its verified memo state (documents and a question).
     - `approximate`: move a state deposited at other positions instead of re-reading it
       (`approximate-graft`); `blend` (True, or the share of tokens to recompute): move and partly
@@ -48,6 +50,7 @@ class GenerationOptions:
     graft: bool = True
     deposit_missing: bool = False
     admit_after: int = 1
+    deposit_in_background: bool = False
     memo: bool = True
     approximate: bool = False
     blend: bool | float = False
@@ -104,9 +107,9 @@ _NAMES = frozenset(f.name for f in fields(GenerationOptions))
 
 #: What kvrag's RAG entry points run with unless told otherwise: the LangChain and LlamaIndex
 #: adapters, `kvrag serve` and `kvrag ab`'s default (lazy) policy. A document read as text is
-#: deposited after the answer, so it grafts from the next question on; documents are read in the
-#: retriever's order, so answers equal text RAG's.
-RAG_DEFAULTS = GenerationOptions(deposit_missing=True)
+#: deposited after the answer, off its path (`kvrag ab` deposits in line, to time it), so it grafts
+#: from the next question on; documents are read in the retriever's order, so answers equal text RAG's.
+RAG_DEFAULTS = GenerationOptions(deposit_missing=True, deposit_in_background=True)
 
 
 class GenerationSettings(TypedDict, total=False):
@@ -117,6 +120,7 @@ class GenerationSettings(TypedDict, total=False):
     graft: bool
     deposit_missing: bool
     admit_after: int
+    deposit_in_background: bool
     memo: bool
     approximate: bool
     blend: bool | float

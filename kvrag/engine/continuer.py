@@ -27,6 +27,7 @@ from kvrag.core.whereabouts import Whereabouts
 from kvrag.errors import ModelError, StateError, StreamFailedError
 from kvrag.reuse.approximate import moved_graft
 from kvrag.reuse.blend import blend_into
+from kvrag.reuse.deposit_queue import DepositQueue
 from kvrag.stores import Found
 from kvrag.stores.deadline import Deadline
 from kvrag.trust.identity import EngineIdentity
@@ -40,8 +41,10 @@ class Continuer:
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout, identity: EngineIdentity,
                  deadline_s: float, prefixes: PrefixRecords | None = None,
                  whereabouts: Whereabouts | None = None, *, stream_grafts: bool = False,
-                 ready: ReadyBuffers | None = None) -> None:
+                 ready: ReadyBuffers | None = None, deposits: DepositQueue | None = None) -> None:
         self.runner = runner
+        #: deposits under way: a context being deposited is waited for, not read again beside it
+        self.deposits = deposits
         #: whole-block buffers of grafted states, kept for the next question over the same bytes
         self.ready = ready
         #: grafts begin before their states have arrived (`kvrag.core.streaming`)
@@ -193,10 +196,18 @@ class Continuer:
                                  detail=cut if shared < manifest.token_count else found.notes))
         return covered, uses
 
+    def _await_deposit(self, c: Continuation) -> list[str]:
+        """Wait (at most the deadline) while this context is being deposited; what to say of it."""
+        if self.deposits is None or not c.graft or not c.context:
+            return []
+        waited = self.deposits.wait_for([s.key for s in c.context], self.deadline_s)
+        return [f"waited {waited * 1e3:.0f} ms for this context's deposit, under way"] if waited else []
+
     def _steps(self, c: Continuation) -> Iterator[str]:
         began = time.perf_counter()
         deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
         run = Prefill(self.runner, self.ready)
+        said = [*c.notes, *self._await_deposit(c)]
         try:
             uses = self._context(run, c, deadline, stream=self.stream_grafts)
             logits = run.text(c.feed)
@@ -216,7 +227,6 @@ class Continuer:
         sampler = self.runner.sampler(c.sampling)
         tokens = [sampler.pick(logits)] if limit > 0 else []
         ttft_s = time.perf_counter() - began
-
         t = time.perf_counter()
         text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
         for token in tokens:
@@ -248,7 +258,7 @@ class Continuer:
             hardware_fingerprint=self.identity.hardware.digest,
             sampling=sampler.sampling,
             recompute_ratio=c.blend if any(u.source == "approximate" for u in uses) else None,
-            notes=list(c.notes),
+            notes=said,
             layout=c.layout,
         )
         return Generation(text=text.text.strip(), tokens=list(c.known) + tokens, receipt=receipt,

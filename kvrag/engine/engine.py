@@ -17,7 +17,7 @@ The model is only ever called through `kvrag.core.runner.ModelRunner`.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from typing_extensions import Unpack
 
@@ -37,11 +37,12 @@ from kvrag.core.schedule import Planner, Segment, StateRef
 from kvrag.core.transcript import Message, Renderer, Transcript, messages_of
 from kvrag.core.whereabouts import Whereabouts
 from kvrag.engine.continuer import Continuer
-from kvrag.errors import InputError, KVRagError
+from kvrag.errors import InputError
 from kvrag.kernels.attention import INVARIANT
 from kvrag.models.loading import LoadedModel, load_model
 from kvrag.reuse.admission import Admission
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
+from kvrag.reuse.deposit_queue import DepositQueue, deposit_after
 from kvrag.reuse.gate import BlendGate
 from kvrag.reuse.levers import reorder
 from kvrag.reuse.memo import Memo
@@ -134,9 +135,12 @@ class KVEngine:
         self.depositor = Depositor(self.runner, self.planner, self.store, self.restorer, self.identity,
                                    self.signing_key, deadline_s=self.deadline_s, whereabouts=self.whereabouts,
                                    prefixes=self.prefixes, confidential=self.confidential)
+        #: deposits after answers, off their path (`deposit_in_background`)
+        self.deposits = DepositQueue(self.depositor.extend, bytes_per_token=self.model.state_bytes_per_token)
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, self.deadline_s,
                                    self.prefixes, self.whereabouts, stream_grafts=stream_grafts,
-                                   ready=ReadyBuffers(ready_buffers_bytes) if invariant else None)
+                                   ready=ReadyBuffers(ready_buffers_bytes) if invariant else None,
+                                   deposits=self.deposits)
         self.admission = Admission()  # which chains read as text are deposited (`admit_after`)
         self.memo = Memo(self.identity, self.planner, self.records, self.depositor, self.restorer, self.run,
                          vocabulary=self.model.vocabulary, deadline_s=self.deadline_s)
@@ -275,7 +279,7 @@ class KVEngine:
                                        any_boundary=not opts.approximate and ratio is None, layout=self.layout.kind))
         if opts.deposits and segments:
             return self._then_deposit(answer, lambda generation: segments if _read_as_text(generation) and
-                                      self.admission.admit(segments, opts.admit_after) else [], "the chain")
+                                      self.admission.admit(segments, opts.admit_after) else [], "the chain", opts)
         return answer
 
     def _blend(self, opts: GenerationOptions, requested: list[StateRef | str],
@@ -352,9 +356,9 @@ class KVEngine:
             return answer
         if messages is None:
             return self._then_deposit(answer, lambda generation: context if _read_as_text(generation) else [],
-                                      "the prompt")
+                                      "the prompt", opts)
         return self._then_deposit(answer, lambda generation: self._turn(messages, context, generation),
-                                  "the conversation")
+                                  "the conversation", opts)
 
     def _turn(self, messages: list[Message], context: list[Segment], generation: Generation) -> list[Segment]:
         """What to deposit after answering a conversation: in one that already holds an assistant
@@ -368,20 +372,11 @@ class KVEngine:
         return context if _read_as_text(generation) else []
 
     def _then_deposit(self, answer: GenerationStream, segments: Callable[[Generation], Sequence[Segment]],
-                      what: str) -> GenerationStream:
-        """`answer`, then (after its last delta) the `segments(generation)` it names deposited. The
-        answer stands whatever the deposit meets; the next ask then re-reads the text."""
-
-        def steps() -> Iterator[str]:
-            yield from answer
-            generation = answer.result()
-            try:
-                self.depositor.extend(segments(generation))
-            except KVRagError as e:
-                log.warning("answered, but could not deposit %s afterwards: %s", what, e)
-            return generation
-
-        return GenerationStream(steps())
+                      what: str, opts: GenerationOptions) -> GenerationStream:
+        """`answer`, then the `segments(generation)` it names deposited: after its last delta, or
+        with `deposit_in_background`, on the worker of `self.deposits` (off the answer's path)."""
+        queue = self.deposits if opts.deposit_in_background else None
+        return deposit_after(answer, segments, self.depositor.extend, queue, what)
 
     def run(self, continuation: Continuation) -> GenerationStream:
         """Run a continuation: its context grafted where stored, its ids fed, decoding up to N tokens."""

@@ -5,7 +5,7 @@ row other bits among fewer than ~12 rows than among more. Under the invariant ke
 layer (`nn.Linear`, GPT-2's `Conv1D`, the output layer) is computed by oneDNN's matrix product
 over a weight it reordered once (`torch.ops.mkldnn`, as torch's own CPU compiler does): a row
 has the same bits read alone or among many rows, at any thread count, for every width kvrag's
-models use, float32 and bfloat16 (`tests/unit/test_invariant.py` tries them; its speed against
+models use, float32 and bfloat16 (on a CPU with AMX, bfloat16 under `ISA_CAP`; `tests/unit/test_invariant.py` tries them; its speed against
 `F.linear` is `benchmarks/linear_kernels.py`'s). A call with fewer than `ROW_BLOCK` rows is still
 padded with zero rows, dropped from its output, because a single row can round otherwise.
 
@@ -20,12 +20,20 @@ the fingerprint: see `linear_kernel`).
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["ROW_BLOCK", "make_linear_invariant", "linear_kernel"]
+__all__ = ["ROW_BLOCK", "make_linear_invariant", "linear_kernel", "ISA_CAP"]
+
+#: oneDNN's AMX products (bfloat16, on CPUs with AMX) choose their blocking by the row count, so a
+#: row's bits change with it; below AMX its bfloat16 products keep them. oneDNN reads this cap at
+#: its first product, so it is set at import (a cap the user set stays theirs: see `linear_kernel`).
+ISA_CAP = "AVX512_CORE_BF16"
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", ISA_CAP)
 
 #: a linear layer's call reads at least this many rows
 ROW_BLOCK = 16
@@ -36,12 +44,25 @@ _DTYPES = (torch.float32, torch.bfloat16)
 def linear_kernel(dtype: torch.dtype = torch.float32) -> str:
     """The linear arithmetic this process uses for `dtype` under the invariant kernel: `onednn`, or
     `stock` where torch has no oneDNN or oneDNN has no product for the dtype on this CPU (bfloat16
-    needs AVX512 or AVX-NE-CONVERT: on an AVX2-only CPU a bfloat16 model runs the stock product)."""
+    needs AVX512 or AVX-NE-CONVERT: on an AVX2-only CPU a bfloat16 model runs the stock product).
+    For bfloat16 on a CPU with AMX: `onednn-capped` under `ISA_CAP`, or `onednn-amx` where the
+    user's `ONEDNN_MAX_CPU_ISA` lets oneDNN use AMX (then rows are not invariant: not exact)."""
     if not torch.backends.mkldnn.is_available() or dtype not in _DTYPES:
         return "stock"
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return "stock"
+    if dtype == torch.bfloat16 and _cpu_has_amx():
+        cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+        return "onednn-amx" if "AMX" in cap or cap in ("ALL", "DEFAULT", "") else "onednn-capped"
     return "onednn"
+
+
+@lru_cache(maxsize=None)
+def _cpu_has_amx() -> bool:
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text(errors="replace").split()
+    except OSError:
+        return False
 
 
 def make_linear_invariant(model: Any) -> Any:
@@ -55,7 +76,7 @@ def make_linear_invariant(model: Any) -> Any:
     for module in model.modules():
         if isinstance(module, (torch.nn.Linear, Conv1D)):
             stock = module.forward
-            onednn = linear_kernel(module.weight.dtype) == "onednn"
+            onednn = linear_kernel(module.weight.dtype).startswith("onednn")
             forward = _OneDnn(module, transposed=isinstance(module, Conv1D), stock=stock) if onednn else stock
             if onednn:
                 forward.prepare()  # now, not in the first answer's time to first token
@@ -88,12 +109,12 @@ class _OneDnn:
 
     def prepare(self) -> None:
         weight = self.module.weight
-        if weight.device.type == "cpu" and linear_kernel(weight.dtype) == "onednn" and not weight.is_meta:
+        if weight.device.type == "cpu" and linear_kernel(weight.dtype).startswith("onednn") and not weight.is_meta:
             self._reordered(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.module.weight, self.module.bias
-        if x.device.type != "cpu" or weight.dtype != x.dtype or linear_kernel(x.dtype) != "onednn":
+        if x.device.type != "cpu" or weight.dtype != x.dtype or not linear_kernel(x.dtype).startswith("onednn"):
             return self.stock(x)
         packed = self._reordered(weight)
         flat = x.reshape(-1, x.shape[-1])

@@ -137,7 +137,8 @@ def _kernel_name(attn: str, dtype: torch.dtype) -> str:
     linear layers by oneDNN fed >= 16 rows): states of the earlier ones carry other bits, never found."""
     if attn != INVARIANT:
         return attn
-    return "invariant/3" if linear_kernel(dtype) == "onednn" else "invariant/2"
+    kernel = linear_kernel(dtype)
+    return {"onednn": "invariant/3", "stock": "invariant/2"}.get(kernel, f"invariant/3-{kernel}")
 
 
 @lru_cache(maxsize=None)

@@ -99,6 +99,15 @@ class LoadedModel:
                 return int(value)
         return int(self.tokenizer.model_max_length)
 
+    @property
+    def state_bytes_per_token(self) -> int:
+        """About how many bytes one token's keys and values take in a state (every layer counted
+        full width; a sliding-window layer stores less)."""
+        config = self.config.get_text_config(decoder=True)
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return 2 * int(config.num_hidden_layers) * int(heads) * int(head_dim) * self.dtype.itemsize
+
     @cached_property
     def fingerprint(self) -> ModelFingerprint:
         return model_fingerprint(self)

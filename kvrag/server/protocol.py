@@ -193,7 +193,7 @@ class _Sampling(BaseModel):
             max_new_tokens=self.limit(default_max_tokens), stop=tuple(self.stops) or None, graft=self.kvrag.graft,
             deposit_missing=self.kvrag.deposit, memo=self.kvrag.memo, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k, seed=self.seed, order=self.kvrag.order,
-            admit_after=self.kvrag.admit_after,
+            admit_after=self.kvrag.admit_after, deposit_in_background=RAG_DEFAULTS.deposit_in_background,
         )
 
 

@@ -19,7 +19,7 @@ from kvrag.reuse.levers import canonical_order
 from kvrag.server.protocol import ChatRequest, CompletionRequest
 from tests.conftest import DOC_A, DOC_B, DOC_C, QUESTION, tiny
 
-POLICY = ("deposit_missing", "admit_after", "memo", "graft", "order")
+POLICY = ("deposit_missing", "admit_after", "deposit_in_background", "memo", "graft", "order")
 
 
 def policy(options) -> dict[str, object]:
@@ -28,7 +28,8 @@ def policy(options) -> dict[str, object]:
 
 def test_the_adapters_the_server_and_kvrag_ab_share_one_set_of_defaults():
     expected = policy(RAG_DEFAULTS)
-    assert expected == {"deposit_missing": True, "admit_after": 1, "memo": True, "graft": True, "order": "retrieval"}
+    assert expected == {"deposit_missing": True, "admit_after": 1, "deposit_in_background": True, "memo": True, "graft": True,
+                        "order": "retrieval"}
     engine = KVEngine(tiny("llama"), MemoryStore())
     assert policy(ChatKVRAG(engine=engine)._options(None, {})) == expected
     assert policy(LangChainLLM(engine=engine)._options(None, {})) == expected

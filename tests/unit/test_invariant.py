@@ -337,3 +337,26 @@ def test_importing_kvrag_registers_nothing_with_transformers():
             "assert 'invariant' in AttentionInterface._global_mapping\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_bfloat16_below_amx_unless_the_user_lets_onednn_use_it_and_then_another_fingerprint():
+    """oneDNN's AMX products are not row-invariant: kvrag caps oneDNN below AMX at import, and a
+    process whose user lifted the cap names another arithmetic (its states are never found by ours)."""
+    import os
+    import subprocess
+    import sys
+
+    from kvrag.kernels.linear import ISA_CAP, _cpu_has_amx, linear_kernel
+
+    assert os.environ["ONEDNN_MAX_CPU_ISA"] == ISA_CAP  # the suite sets none of its own
+    assert linear_kernel(torch.float32) == "onednn"
+    assert linear_kernel(torch.bfloat16) in (("onednn-capped",) if _cpu_has_amx() else ("onednn", "stock"))
+    probe = ("import torch; from kvrag.kernels.linear import linear_kernel; "
+             "from kvrag.models.fingerprints import _kernel_name; print(_kernel_name('invariant', torch.bfloat16))")
+    names = {cap: subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                 env={**os.environ, "ONEDNN_MAX_CPU_ISA": cap}).stdout.split()[-1]
+             for cap in (ISA_CAP, "ALL")}
+    if _cpu_has_amx():
+        assert names == {ISA_CAP: "invariant/3-onednn-capped", "ALL": "invariant/3-onednn-amx"}
+    else:
+        assert names[ISA_CAP] == names["ALL"]

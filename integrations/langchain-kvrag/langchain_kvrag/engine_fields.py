@@ -32,6 +32,7 @@ class KVEngineFields(BaseModel):
     seed: int | None = None
     deposit_missing: bool = RAG_DEFAULTS.deposit_missing  # deposit what was read as text, after the answer
     admit_after: int = RAG_DEFAULTS.admit_after  # ...once the same chain was read as text this many times
+    deposit_in_background: bool = RAG_DEFAULTS.deposit_in_background  # ...on the engine's worker, off the answer's path
     graft: bool = True  # False: re-read every document as text, same tokens and segments (plain text RAG)
     order: Order = RAG_DEFAULTS.order  # the order documents are read in (kvrag.GenerationOptions)
     _opener: EngineOpener = PrivateAttr(default_factory=EngineOpener)
@@ -53,5 +54,5 @@ class KVEngineFields(BaseModel):
         fields = GenerationOptions(max_new_tokens=self.max_tokens, stop=tuple(self.stop) if self.stop else None,
                                    graft=self.graft, deposit_missing=self.deposit_missing, temperature=self.temperature,
                                    top_p=self.top_p, top_k=self.top_k, seed=self.seed, order=self.order,
-                                   admit_after=self.admit_after)
+                                   admit_after=self.admit_after, deposit_in_background=self.deposit_in_background)
         return call_options(fields, {**kwargs, "stop": stop})
