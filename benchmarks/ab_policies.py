@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--lever-ks", default="3", help="the k values the levers run at (comma-separated)")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--only", help="comma-separated words: run only the configurations whose label has one")
+    parser.add_argument("--skip", help="comma-separated words: leave out the configurations whose label has one")
     parser.add_argument("--policies", default="lazy,warm", help="the policies run at every k")
     parser.add_argument("--streams", default="", help="comma-separated uniform, zipf: drawn streams instead of the bundled questions as given")
     parser.add_argument("--n", type=int, default=80, help="questions per drawn stream")
@@ -72,6 +73,8 @@ def main() -> None:
                  for k in args.lever_ks.split(",") for label, options in LEVERS]
     if args.only:
         runs = [r for r in runs if any(word in f"{r[0]} {r[1]}" for word in args.only.split(","))]
+    if args.skip:
+        runs = [r for r in runs if not any(word in f"{r[0]} {r[1]}" for word in args.skip.split(","))]
     print(f"{args.model}, bundled documents ({len(docs)}), questions: {', '.join(f'{n} ({len(q)})' for n, q in streams.items())}"
           f"{f', seed {args.seed}' if args.streams else ''}; memory store\n")
     print("| stream | policy | k | KV modes | whole context grafted | tokens reused | TTFT ratio: median / p90 / summed | "
