@@ -29,6 +29,7 @@ LEVERS = [
     ("lazy + canonical order + chain warming", {"order": "canonical", "warm_chains": True}),
     ("lazy + stored-first order", {"order": "stored-first"}),
     ("lazy + corpus chain", {"corpus_chain": True}),
+    ("lazy + chapters of 768 tokens", {"chapters": 768}),
     ("lazy + chain warming", {"warm_chains": True}),
     ("lazy + blend 0.15 (approximate)", {"blend": 0.15}),
 ]

@@ -46,7 +46,9 @@ AB_EXAMPLES = """Examples:
 
   kvrag ab --docs docs.jsonl --questions questions.jsonl --k 3 --policy lazy --out ab.json --report ab-report
 
-  kvrag ab --k 3 --stream zipf --stream-n 80 --zipf-s 1.1 --seed 0 --order canonical    (skewed traffic, bundled set)"""
+  kvrag ab --k 3 --stream zipf --stream-n 80 --zipf-s 1.1 --seed 0 --order canonical    (skewed traffic, bundled set)
+
+  kvrag ab --k 3 --chapters 768    (the corpus as chapters of at most 768 tokens, each grafted whole)"""
 
 
 ORDER = typer.Option("retrieval", help="retrieval; stored-first: the longest stored chain first; canonical: one "
@@ -60,6 +62,9 @@ ADMIT_AFTER = typer.Option(1, "--admit-after", min=1, max=1000, help="lazy: depo
                            "N-th reading on (1: the first)")
 BLEND = typer.Option(None, "--blend", min=0.01, max=1.0, help="approximate: blend documents whose chain state is missing, "
                      "recomputing this share of their tokens (gated)")
+CHAPTERS = typer.Option(None, "--chapters", min=1, help="cut the corpus into chapters of at most N tokens (by the "
+                        "retriever's similarity), each deposited as a chain; a question reads the chapter holding most "
+                        "of its top k, then the others as text")
 STOCK = typer.Option(None, "--stock/--no-stock", help="also run the stock completion arm: a plain completion prompt and "
                      "model.generate (default: for base models)")
 
@@ -82,6 +87,7 @@ def ab(
     zipf_s: float = ZIPF_S,
     seed: int = SEED,
     corpus_chain: bool = typer.Option(False, "--corpus-chain", help="the whole corpus as one chain, read by every question"),
+    chapters: Optional[int] = CHAPTERS,
     warm_chains: bool = typer.Option(False, "--warm-chains", help="deposit co-retrieved chains after answers"),
     admit_after: int = ADMIT_AFTER,
     blend: Optional[float] = BLEND,
@@ -108,7 +114,7 @@ def ab(
         with progress(as_json) as bar:
             task = bar.add_task("A/B", total=len(question_rows))
             summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_tokens, policy=policy, order=order,
-                             corpus_chain=corpus_chain, warm_chains=warm_chains, blend=blend, stock=stock,
+                             corpus_chain=corpus_chain, chapters=chapters, warm_chains=warm_chains, blend=blend, stock=stock,
                              admit_after=admit_after, progress=lambda done, _n: bar.update(task, completed=done))
         if report:
             err.print(f"report: {write_report(summary, report)}")

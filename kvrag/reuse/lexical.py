@@ -42,6 +42,11 @@ class LexicalIndex:
         norm = math.sqrt(sum(x * x for x in v.values())) or 1.0
         return {t: x / norm for t, x in v.items()}
 
+    def similarity(self, i: int, j: int) -> float:
+        """The cosine similarity of documents `i` and `j` (their positions in the index)."""
+        a, b = self._vectors[i], self._vectors[j]
+        return sum(x * b.get(t, 0.0) for t, x in a.items())
+
     def search(self, query: str, k: int) -> list[tuple[IndexedDoc, float]]:
         """The `k` best documents by cosine similarity, best first; ties keep corpus order."""
         q = self._vector(Counter(_terms(query)))

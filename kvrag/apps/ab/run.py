@@ -20,7 +20,7 @@ KV arm's speed:
     warm   each question's whole retrieved chain deposited right before its KV arm: the speed a
            user gets only when every chain is already stored
 
-The exact levers of `kvrag.reuse.levers` are opt-in (`order="stored-first"`, `corpus_chain`,
+The exact levers of `kvrag.reuse.levers` and `kvrag.reuse.chapters` are opt-in (`order="stored-first"`, `corpus_chain`, `chapters`,
 `warm_chains`), and so is the approximate blend (`blend`, see `kvrag.reuse.blend`, gated by
 `kvrag.reuse.gate`), whose rows are labelled `approximate-graft` and measured against the text arm. Where a lever changed the prompt (the order), the text arm reads the same prompt
 and the row also says whether the answer differs from text RAG in retrieval order.
@@ -42,6 +42,7 @@ from kvrag.core.options import RAG_DEFAULTS, GenerationOptions
 from kvrag.core.runner import logits_sha256
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError, KVRagError, VerificationError
+from kvrag.reuse.chapters import Chapters
 from kvrag.reuse.gate import kl_divergence
 from kvrag.reuse.levers import ChainWarmer, CorpusChain, reorder
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
@@ -115,6 +116,7 @@ def run_ab(
     policy: Policy = "lazy",
     order: Order = "retrieval",
     corpus_chain: bool = False,
+    chapters: int | None = None,
     warm_chains: bool = False,
     blend: float | None = None,
     stock: bool | None = None,
@@ -132,7 +134,10 @@ def run_ab(
     index = LexicalIndex([IndexedDoc(str(d["text"]), {"id": str(d["id"])}) for d in docs])
     stored_before = _stored(engine)
     began = time.perf_counter()
-    corpus = CorpusChain(engine, [str(d["text"]) for d in docs]) if corpus_chain else None
+    texts = [str(d["text"]) for d in docs]
+    corpus: CorpusChain | Chapters | None = CorpusChain(engine, texts) if corpus_chain else None
+    if chapters is not None:
+        corpus = Chapters(engine, texts, max_tokens=chapters, similarity=index.similarity)
     if policy == "lazy" and corpus is None:
         for d in docs:
             engine.ensure(str(d["text"]))
@@ -148,7 +153,8 @@ def run_ab(
                          GenerationOptions(max_new_tokens=max_new_tokens, admit_after=admit_after)))
         if progress:
             progress(number, len(questions))
-    levers = [name for name, on in ((order, order != "retrieval"), ("corpus-chain", corpus is not None),
+    levers = [name for name, on in ((order, order != "retrieval"), ("corpus-chain", corpus_chain),
+                                    (f"chapters of {chapters} tokens", chapters is not None),
                                     ("warm-chains", warmer is not None), (f"blend {blend}", blend is not None)) if on]
     summary = _summary(engine, k, rows, policy, levers, upfront_ms, warmer.deposited_chains if warmer else 0)
     approximate = [r for r in rows if r.kv_mode == "approximate-graft"]
@@ -162,12 +168,12 @@ def run_ab(
 
 
 def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, policy: Policy, order: Order,
-         corpus: CorpusChain | None, warmer: ChainWarmer | None, blend: float | None, stock: bool,
+         corpus: CorpusChain | Chapters | None, warmer: ChainWarmer | None, blend: float | None, stock: bool,
          options: GenerationOptions) -> ABRow:
     question, golds = str(q["question"]), [str(a) for a in q["answers"]]
     found = index.search(question, k)
     plain = [d.text for d, _ in found]  # what text RAG reads: the top k, in retrieval order
-    retrieved = corpus.texts if corpus is not None else plain
+    retrieved = corpus.route(plain) if isinstance(corpus, Chapters) else corpus.texts if corpus is not None else plain
     texts = [str(t) for t in reorder(engine, retrieved, order)]  # both arms read this order
     t = time.perf_counter()
     if policy == "warm":
