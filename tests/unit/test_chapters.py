@@ -61,3 +61,19 @@ def test_a_question_grafts_its_chapter_whole_and_reads_the_rest_as_text_exactly(
 def test_chapters_that_leave_no_room_are_refused(engine):
     with pytest.raises(ContextTooLongError, match="smaller chapters"):
         Chapters(engine, [DOC_A], max_tokens=engine.model.max_positions, similarity=lambda i, j: 0.0)
+
+
+def test_kvrag_ab_with_chapters_is_exact_and_reports_accuracy_in_retrieval_order():
+    from kvrag.apps.ab import load_jsonl, run_ab
+    from kvrag.data import sample_paths
+
+    docs_path, questions_path = sample_paths()
+    docs = load_jsonl(docs_path, ["id", "title", "text"])
+    questions = load_jsonl(questions_path, ["id", "question", "answers"])[:2]
+    engine = KVEngine(tiny("llama"), MemoryStore())
+    summary = run_ab(engine, docs, questions, k=3, max_new_tokens=2, chapters=600, stock=False)
+    assert summary.levers == ["chapters of 600 tokens"]
+    assert summary.logits_byte_exact_rate == 1.0 and summary.monolithic_byte_exact_rate == 1.0
+    assert all(r.kv_mode in ("exact-graft", "partial-graft", "memo") for r in summary.rows)
+    assert any(r.tokens_reused_kv > 0 for r in summary.rows)
+    assert 0.0 <= summary.accuracy_text_retrieval_order <= 1.0
