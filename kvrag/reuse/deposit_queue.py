@@ -28,7 +28,7 @@ import time
 import weakref
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence
 
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.schedule import Segment
@@ -53,6 +53,7 @@ class DepositStats:
 @dataclass(frozen=True)
 class _Job:
     segments: tuple[Segment, ...]
+    missing: tuple[str, ...]  # the keys of the segments not stored when it was queued
     what: str
     bytes: int
     queued_at: float
@@ -62,13 +63,15 @@ class DepositQueue:
     """Runs `deposit(segments)` for each submitted chain on one daemon thread, in order."""
 
     def __init__(self, deposit: Callable[[Sequence[Segment]], object], *, bytes_per_token: int,
-                 max_pending_mib: float = 512, max_wait_s: float = 60.0) -> None:
+                 max_pending_mib: float = 512, max_wait_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if bytes_per_token < 1 or max_pending_mib <= 0 or max_wait_s <= 0:
             raise ValueError("bytes_per_token, max_pending_mib and max_wait_s must be positive")
         self._deposit = deposit
         self.bytes_per_token = bytes_per_token
         self.max_pending_bytes = int(max_pending_mib * 2**20)
         self.max_wait_s = max_wait_s
+        self._clock = clock  # what a deposit's time waited in the queue is measured by
         self.stats = DepositStats()
         self._jobs: deque[_Job] = deque()
         self._keys: set[str] = set()  # the last segment's key of every queued or running chain
@@ -85,12 +88,14 @@ class DepositQueue:
         with self._lock:
             return self._pending_bytes
 
-    def submit(self, segments: Sequence[Segment], what: str = "the chain") -> bool:
+    def submit(self, segments: Sequence[Segment], what: str = "the chain", missing: Collection[str] | None = None) -> bool:
         """Queue `segments` (a chain, in order) for deposit; False when it was not queued (nothing
-        to deposit, queued already, or over the byte budget)."""
+        to deposit, queued already, or over the byte budget). `missing`: the keys of the segments
+        not stored yet (default: all), what `wait_for` waits on and the budget counts."""
         if not segments:
             return False
-        size = sum(len(s.ids) for s in segments) * self.bytes_per_token
+        new = [s for s in segments if missing is None or s.key in missing]
+        size = sum(len(s.ids) for s in new) * self.bytes_per_token
         with self._lock:
             if segments[-1].key in self._keys or self._closed:
                 return False
@@ -99,9 +104,9 @@ class DepositQueue:
                 log.info("not depositing %s: %d bytes are queued already (budget %d)", what,
                          self._pending_bytes, self.max_pending_bytes)
                 return False
-            self._jobs.append(_Job(tuple(segments), what, size, time.monotonic()))
+            self._jobs.append(_Job(tuple(segments), tuple(s.key for s in new), what, size, self._clock()))
             self._keys.add(segments[-1].key)
-            self._segments.update(s.key for s in segments)
+            self._segments.update(s.key for s in new)
             self._pending_bytes += size
             self.stats.queued += 1
             self._start()
@@ -168,13 +173,13 @@ class DepositQueue:
                 with self._lock:
                     self._busy = False
                     self._keys.discard(job.segments[-1].key)
-                    self._segments.subtract(s.key for s in job.segments)
+                    self._segments.subtract(job.missing)
                     self._segments += Counter()  # drops the keys counted down to zero
                     self._pending_bytes -= job.bytes
                     self._lock.notify_all()
 
     def _one(self, job: _Job) -> None:
-        waited = time.monotonic() - job.queued_at
+        waited = self._clock() - job.queued_at
         if waited > self.max_wait_s:
             self.stats.dropped_for_time += 1
             log.info("not depositing %s: it waited %.1f s, past the %.1f s budget", job.what, waited, self.max_wait_s)
@@ -217,10 +222,12 @@ def deposit_after(answer: GenerationStream, segments: Callable[[Generation], Seq
         yield from answer
         generation = answer.result()
         try:
+            chain = segments(generation)
             if queue is not None:
-                queue.submit(segments(generation), what)
+                grafted = {use.key for use in generation.receipt.states if use.source == "graft"}
+                queue.submit(chain, what, missing={s.key for s in chain if s.key not in grafted})
             else:
-                deposit(segments(generation))
+                deposit(chain)
         except KVRagError as e:
             log.warning("answered, but could not deposit %s afterwards: %s", what, e)
         return generation

@@ -5,7 +5,6 @@ time budgets, each drop counted, with no answer affected."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -32,7 +31,7 @@ class Gate:
 
 @pytest.fixture(scope="module")
 def engine() -> KVEngine:
-    return KVEngine(tiny("llama"), MemoryStore())
+    return KVEngine(tiny("llama"), MemoryStore(), deadline_s=120)  # a wait for a deposit is never cut short here
 
 
 def test_an_answer_ends_before_its_deposit_and_the_deposit_then_grafts(engine):
@@ -71,12 +70,13 @@ def test_a_deposit_past_the_byte_budget_is_dropped_and_counted(engine):
 
 
 def test_a_deposit_that_waited_past_the_time_budget_is_dropped_when_its_turn_comes(engine):
+    now = [0.0]
     gate = Gate()
-    queue = DepositQueue(gate, bytes_per_token=1, max_wait_s=0.05)
+    queue = DepositQueue(gate, bytes_per_token=1, max_wait_s=60, clock=lambda: now[0])
     assert queue.submit(engine.plan([DOC_A]))
     assert gate.entered.wait(30)  # the first is running (it was not late), the second waits behind it
     assert queue.submit(engine.plan([DOC_B]))
-    time.sleep(0.2)
+    now[0] += 61
     gate.open.set()
     assert queue.wait(30)
     assert queue.stats.deposited == 1 and queue.stats.dropped_for_time == 1
@@ -151,3 +151,18 @@ def test_a_script_that_answers_and_exits_leaves_its_deposit_for_the_next_run(tmp
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
     assert runs[0].stdout.split()[-1] in READ_AS_TEXT and runs[1].stdout.split()[-1] == "exact-graft"
+
+
+def test_a_question_does_not_wait_for_a_deposit_of_what_it_grafts_anyway():
+    engine = KVEngine(tiny("llama"), MemoryStore())
+    engine.deposit(DOC_A)
+    gate = Gate(engine.depositor.extend)
+    engine.continuer.deposits = engine.deposits = DepositQueue(gate, bytes_per_token=engine.model.state_bytes_per_token)
+    options = RAG_DEFAULTS.replace(max_new_tokens=2, memo=False)
+    engine.generate(QUESTION, states=[DOC_A, DOC_B], options=options)  # grafts A, queues A -> B
+    assert gate.entered.wait(30)
+    other = engine.generate(QUESTION, states=[DOC_A, DOC_C], options=options.replace(deposit_missing=False))
+    assert other.receipt.states[0].source == "graft"
+    assert not any("deposit" in note for note in other.receipt.notes), "A is stored: nothing to wait for"
+    gate.open.set()
+    assert engine.deposits.wait(60)
