@@ -68,10 +68,10 @@ def main() -> None:
                for name in filter(None, args.streams.split(","))} or {"bundled": bundled}
     runs: list[tuple[str, str, dict]] = []
     for stream in streams:
-        for k in (int(x) for x in args.ks.split(",")):
+        for k in (int(x) for x in filter(None, args.ks.split(","))):
             runs += [(stream, policy, {"k": k, "policy": policy}) for policy in args.policies.split(",")]
         runs += [(stream, label, {"k": int(k), "policy": "lazy", **options})
-                 for k in args.lever_ks.split(",") for label, options in LEVERS]
+                 for k in filter(None, args.lever_ks.split(",")) for label, options in LEVERS]
     if args.only:
         runs = [r for r in runs if any(word in f"{r[0]} {r[1]}" for word in args.only.split(","))]
     if args.skip:
