@@ -26,11 +26,11 @@ from kvrag.data import sample_paths
 #: the levers, each under the lazy policy at --lever-k
 LEVERS = [
     ("lazy + canonical order", {"order": "canonical"}),
+    ("lazy + chapters of 768 tokens", {"chapters": 768}),
+    ("lazy + chain warming", {"warm_chains": True}),
     ("lazy + canonical order + chain warming", {"order": "canonical", "warm_chains": True}),
     ("lazy + stored-first order", {"order": "stored-first"}),
     ("lazy + corpus chain", {"corpus_chain": True}),
-    ("lazy + chapters of 768 tokens", {"chapters": 768}),
-    ("lazy + chain warming", {"warm_chains": True}),
     ("lazy + blend 0.15 (approximate)", {"blend": 0.15}),
 ]
 
@@ -42,6 +42,14 @@ def line(label: str, s: ABSummary) -> str:
             f"{s.ttft_ratio_p90:.1f}x / {s.ttft_ratio_sum:.1f}x | {per_mode} | {s.accuracy_text_retrieval_order:.2f} / "
             f"{s.accuracy_text:.2f} / {s.accuracy_kv:.2f} | {s.logits_byte_exact_rate:.2f} | {s.bytes_stored / 2**20:.0f} MiB | "
             f"{s.upfront_deposit_ms / 1e3:.1f} / {s.deposit_before_ms / 1e3:.1f} / {s.deposit_after_ms / 1e3:.1f} s |")
+
+
+def record(label: str, s: ABSummary) -> dict:
+    """A run's summary without its rows, with the lever table's counts that the rows give."""
+    return {"label": label, **s.model_dump(mode="json", exclude={"rows"}),
+            "reordered_rows": sum(r.order_changed for r in s.rows),
+            "answers_changed_by_order": sum(r.answer_changed_by_order for r in s.rows),
+            "answers_changed_by_blend": sum(r.answer_changed_by_blend for r in s.rows)}
 
 
 def main() -> None:
@@ -66,12 +74,12 @@ def main() -> None:
     bundled = load_jsonl(questions_path, ["id", "question", "answers"])
     streams = {name: skewed_stream(docs, bundled, n=args.n, stream=name, s=args.zipf_s, seed=args.seed)
                for name in filter(None, args.streams.split(","))} or {"bundled": bundled}
-    runs: list[tuple[str, str, dict]] = []
-    for stream in streams:
-        for k in (int(x) for x in filter(None, args.ks.split(","))):
-            runs += [(stream, policy, {"k": k, "policy": policy}) for policy in args.policies.split(",")]
-        runs += [(stream, label, {"k": int(k), "policy": "lazy", **options})
-                 for k in filter(None, args.lever_ks.split(",")) for label, options in LEVERS]
+    # the policies at every k first, then each lever at each lever k, every stream side by side
+    runs: list[tuple[str, str, dict]] = [
+        (stream, policy, {"k": int(k), "policy": policy})
+        for k in filter(None, args.ks.split(",")) for stream in streams for policy in args.policies.split(",")]
+    runs += [(stream, label, {"k": int(k), "policy": "lazy", **options})
+             for k in filter(None, args.lever_ks.split(",")) for label, options in LEVERS for stream in streams]
     if args.only:
         runs = [r for r in runs if any(word in f"{r[0]} {r[1]}" for word in args.only.split(","))]
     if args.skip:
@@ -87,6 +95,9 @@ def main() -> None:
         summary = run_ab(KVEngine(model, MemoryStore()), docs, streams[stream], max_new_tokens=args.max_new_tokens, **options)
         results.append((f"{stream}: {label}", summary))
         print(f"| {stream} {line(label, summary)}", flush=True)  # each row as soon as its run ends
+        if args.json_path:  # rewritten after every run, so a run cut short keeps what it measured
+            with open(args.json_path, "w", encoding="utf-8") as f:
+                json.dump([record(label, s) for label, s in results], f, indent=2)
     print("\n| lever (lazy) | k | reordered rows | answers changed by the order | approximate rows | "
           "answers changed by the blend | KL vs exact text arm (mean) | first-token argmax agreement | gate |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -96,9 +107,6 @@ def main() -> None:
                    f"{gate['argmax_agreement']:.0%} on {gate['samples']}") if gate else "-"
         print(f"| {label} | {s.k} | {sum(r.order_changed for r in s.rows)} | {sum(r.answer_changed_by_order for r in s.rows)} | "
               f"{s.approximate_rows} | {sum(r.answer_changed_by_blend for r in s.rows)} | {s.kl_mean_approximate:.3g} | {s.argmax_agreement_approximate:.2f} | {verdict} |")
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as f:
-            json.dump([{"label": label, **s.model_dump(mode="json", exclude={"rows"})} for label, s in results], f, indent=2)
 
 
 if __name__ == "__main__":
