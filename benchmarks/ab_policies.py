@@ -8,8 +8,9 @@ overall and per mode, accuracy per arm, and the deposit cost.
     python benchmarks/ab_policies.py                   # policies at k=1,3,5, the levers and the blend at k=3
     python benchmarks/ab_policies.py --lever-ks 3,5    # the levers at k=3 and k=5
     python benchmarks/ab_policies.py --json out.json   # also every summary
-    python benchmarks/ab_policies.py --streams uniform,zipf --n 80 --policies lazy --only lazy
-                                                       # drawn streams of 80 questions (kvrag.apps.ab.streams)
+    python benchmarks/ab_policies.py --streams zipf,uniform --n 80 --ks 3,1,5 --lever-ks 3,5 --policies lazy \
+        --max-new-tokens 8                             # drawn streams of 80 questions (kvrag.apps.ab.streams):
+                                                       # docs/benchmarks/ab-policies.md, "Skewed traffic"
 """
 
 from __future__ import annotations

@@ -98,3 +98,17 @@ def test_without_a_lever_accuracy_in_retrieval_order_is_the_text_arms():
     summary = run_ab(engine, SHORT_DOCS, skewed_stream(SHORT_DOCS, SHORT_QUESTIONS, n=4, seed=1), k=2, max_new_tokens=2)
     assert all(r.text_retrieval_order_hit == r.text_hit for r in summary.rows)
     assert summary.accuracy_text_retrieval_order == summary.accuracy_text
+
+
+@pytest.mark.parametrize("lever", [{"order": "canonical"}, {"order": "stored-first"}, {"warm_chains": True},
+                                   {"blend": 0.15}])
+def test_at_k_1_the_order_the_warming_and_the_blend_change_nothing(lever):
+    """One document per question: no order to change, no pair to warm, no second document to
+    blend; the KV arm answers as plain lazy does, row for row."""
+    stream = skewed_stream(SHORT_DOCS, SHORT_QUESTIONS, n=6, seed=2)
+    plain, levered = (run_ab(KVEngine(tiny("llama"), MemoryStore()), SHORT_DOCS, stream, k=1, max_new_tokens=2, **options)
+                      for options in ({}, lever))
+    assert [(r.kv_mode, r.kv_answer, r.logits_sha256_kv) for r in levered.rows] == \
+        [(r.kv_mode, r.kv_answer, r.logits_sha256_kv) for r in plain.rows]
+    assert not any(r.order_changed for r in levered.rows)
+    assert levered.approximate_rows == levered.warm_chains == 0
