@@ -107,8 +107,9 @@ def main() -> None:
         gate = s.blend_gate
         verdict = (f"{'allowed' if gate['passed'] else 'refused'}: KL {gate['kl_mean']:.3g}, agreement "
                    f"{gate['argmax_agreement']:.0%} on {gate['samples']}") if gate else "-"
-        print(f"| {label} | {s.k} | {sum(r.order_changed for r in s.rows)} | {sum(r.answer_changed_by_order for r in s.rows)} | "
-              f"{s.approximate_rows} | {sum(r.answer_changed_by_blend for r in s.rows)} | {s.kl_mean_approximate:.3g} | {s.argmax_agreement_approximate:.2f} | {verdict} |")
+        counts = record(label, s)
+        print(f"| {label} | {s.k} | {counts['reordered_rows']} | {counts['answers_changed_by_order']} | "
+              f"{s.approximate_rows} | {counts['answers_changed_by_blend']} | {s.kl_mean_approximate:.3g} | {s.argmax_agreement_approximate:.2f} | {verdict} |")
 
 
 if __name__ == "__main__":
