@@ -48,19 +48,28 @@ def test_a_reader_during_rewrites_sees_one_state_or_a_miss(redis_server):
     key = "c" * 64
     writer_store = open_store(f"{redis_server.url}?frame_mib=0.005")
     reader_store = open_store(f"{redis_server.url}?frame_mib=0.005")
-    stop = threading.Event()
+    stop, written = threading.Event(), threading.Event()
+    writes = 0
 
     def write() -> None:
-        i = 0
+        nonlocal writes
         while not stop.is_set():
-            writer_store.put(key, *pairs[i % 2])
-            i += 1
+            writer_store.put(key, *pairs[writes % 2])
+            writes += 1
+            written.set()
 
     thread = threading.Thread(target=write)
     thread.start()
     seen = 0
     try:
-        for _ in range(200):
+        # Reads start once the key holds a state: before that every read is a miss, and on a loaded
+        # machine the writer's first put can outlast all of them.
+        assert written.wait(60)
+        first = writes
+        reads = 0
+        # 200 reads, and on until at least two rewrites happened meanwhile
+        while thread.is_alive() and (reads < 200 or writes < first + 2):
+            reads += 1
             stored = reader_store.read(key)
             if stored is None:
                 continue
@@ -70,4 +79,5 @@ def test_a_reader_during_rewrites_sees_one_state_or_a_miss(redis_server):
     finally:
         stop.set()
         thread.join()
+    assert writes >= first + 2  # the writer did not stop on an error
     assert seen > 0
