@@ -18,7 +18,9 @@ EXAMPLE = """Examples:
 
   kvrag serve --model smollm2-135m --store redis://127.0.0.1:6379/0 --port 8000 --workers 2
 
-  kvrag serve --store redis+cluster://10.0.0.5:7000,10.0.0.6:7000 --hot-mib 1024 --concurrency 2
+  kvrag serve --store redis+cluster://10.0.0.5:7000,10.0.0.6:7000 --hot-mib 1024 --concurrency 32
+
+  kvrag serve --no-batch --concurrency 2     (each generation's steps alone, the cores shared out)
 
   kvrag serve --host 0.0.0.0 --api-key-file keys.txt     (lines "KEY TENANT": one tenant per key)
 
@@ -61,11 +63,14 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(1, "--workers", min=1, max=64, help="worker processes, each with the model"),
         hot_mib: float = typer.Option(512, "--hot-mib", min=0,
                                       help="each worker's in-process hot tier, in MiB (least recently used go; 0: none)"),
-        concurrency: int = typer.Option(1, "--concurrency", min=1, max=64, help="generations at once per worker"),
+        concurrency: int = typer.Option(16, "--concurrency", min=1, max=64,
+                                        help="generations at once per worker: the rows of its decoding batch"),
+        batch: bool = typer.Option(True, "--batch/--no-batch",
+                                   help="the generations' decoding steps share one forward (each answer exactly as alone)"),
         queue: int = typer.Option(16, "--queue", min=0, help="requests waiting per worker before 429 Retry-After"),
         max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="when a request gives no max_tokens"),
         served_name: Optional[str] = typer.Option(None, "--served-name", help="the model id clients name (default: --model)"),
-        threads: int = typer.Option(0, "--threads", min=0, help="torch threads per worker (0: cores / (workers x concurrency))"),
+        threads: int = typer.Option(0, "--threads", min=0, help="torch threads per worker (0: cores / workers; with --no-batch, / concurrency too)"),
         grace: float = typer.Option(30, "--grace", min=0, help="seconds to finish requests in flight on shutdown"),
         log_level: Literal["critical", "error", "warning", "info", "debug"] = typer.Option(
             "info", "--log-level", help="uvicorn's log level"),
@@ -85,7 +90,7 @@ def register(app: typer.Typer) -> None:
         try:
             _share_signing_key(signing_key_file)
             settings = ServeSettings(model=model, store=store, dtype=dtype, attn=attn, hot_mib=hot_mib,
-                                     concurrency=concurrency, queue=queue, max_tokens=max_tokens,
+                                     concurrency=concurrency, batch=batch, queue=queue, max_tokens=max_tokens,
                                      served_name=served_name, threads=threads, workers=workers,
                                      api_keys=read_api_keys(api_key, api_key_file), open_health=open_health,
                                      **({} if deadline is None else {"deadline_s": deadline}))

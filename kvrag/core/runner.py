@@ -8,21 +8,46 @@ results depend on it.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from kvrag.codecs import GraftCache, LayerCodec, ReadyBuffers, codecs_for, new_cache
 from kvrag.core.sampling import Sampler, Sampling
-from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS
+from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS, Packing, packed
+from kvrag.kernels.linear import linear_kernel
 from kvrag.models.loading import LoadedModel
 
-__all__ = ["ModelRunner", "logits_sha256"]
+__all__ = ["ModelRunner", "logits_sha256", "DecodeStep"]
 
 
 def logits_sha256(logits: torch.Tensor) -> str:
     """SHA-256 of a logits tensor's bytes, exactly as computed (dtype kept)."""
     return hashlib.sha256(logits.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decoding step a generation asks for: feed `token` at `position` after what `cache` holds."""
+
+    token: int
+    position: int
+    cache: Any
+
+
+class _PackedCache:
+    """The cache of a packed forward: each layer's new rows go, sequence by sequence, into that
+    sequence's own cache, and the keys and values each then holds are left for the attention."""
+
+    def __init__(self, caches: Sequence[Any], packing: Packing) -> None:
+        self.caches, self.packing = caches, packing
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        self.packing.hold(layer_idx, [
+            cache.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx, *args, **kwargs)
+            for cache, (a, b) in zip(self.caches, self.packing.spans)])
+        return key_states, value_states
 
 
 class ModelRunner:
@@ -71,6 +96,31 @@ class ModelRunner:
         with torch.inference_mode():
             out = self.model.hf_model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
+
+    @property
+    def batches_exactly(self) -> bool:
+        """Whether `step_many` gives every row the bits `step` gives it alone: under the invariant
+        kernel, whose linear layers' rows do not depend on the row count (oneDNN's products)."""
+        return self.model.attn == INVARIANT and linear_kernel(self.model.dtype).startswith("onednn") \
+            and linear_kernel(self.model.dtype) != "onednn-amx"
+
+    def step_many(self, steps: Sequence[DecodeStep]) -> list[torch.Tensor]:
+        """One decoding step for each of several generations, in one forward call where that is
+        exact (`batches_exactly`), else one call each; each one's logits, as `step` gives them."""
+        if len(steps) == 1 or not self.batches_exactly:
+            return [self.step(s.token, s.cache) for s in steps]
+        rows = len(steps)
+        device = self.model.device
+        input_ids = torch.tensor([[s.token for s in steps]], dtype=torch.long, device=device)
+        position_ids = torch.tensor([[s.position for s in steps]], dtype=torch.long, device=device)
+        packing = Packing([(i, i + 1) for i in range(rows)])
+        # a prepared mask stops transformers from making one; the packing's attention never reads it
+        mask = torch.ones((1, 1, rows, rows), dtype=torch.bool, device=device)
+        with torch.inference_mode(), packed(packing):
+            out = self.model.hf_model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                                      cache=_PackedCache([s.cache for s in steps], packing), use_cache=True,
+                                      logits_to_keep=0)
+        return list(out.logits[0])
 
     def _padding(self, rows: int) -> int:
         if self.model.attn != INVARIANT or rows >= MIN_FORWARD_ROWS or rows == 0:

@@ -10,7 +10,8 @@ source and, for a fallback, the reason.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Sequence
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from kvrag.codecs import ReadyBuffers, StatePart, truncated
 from kvrag.core.acceptance import Restored
@@ -21,7 +22,7 @@ from kvrag.core.prefixes import PrefixRecords, common_prefix
 from kvrag.core.prompt import PromptLayout
 from kvrag.core.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.core.restore import Restorer
-from kvrag.core.runner import ModelRunner, logits_sha256
+from kvrag.core.runner import DecodeStep, ModelRunner, logits_sha256
 from kvrag.core.schedule import Segment, StateRef
 from kvrag.core.whereabouts import Whereabouts
 from kvrag.errors import ModelError, StateError, StreamFailedError
@@ -31,6 +32,9 @@ from kvrag.reuse.deposit_queue import DepositQueue
 from kvrag.stores import Found
 from kvrag.stores.deadline import Deadline
 from kvrag.trust.identity import EngineIdentity
+
+if TYPE_CHECKING:
+    from kvrag.engine.batching import Batcher
 
 __all__ = ["Continuer"]
 
@@ -55,6 +59,8 @@ class Continuer:
         self.restorer = restorer
         self.layout = layout
         self.deadline_s = deadline_s
+        #: decoding steps batched with other generations' (`kvrag.engine.batching`; None: each alone)
+        self.batcher: Batcher | None = None
 
     def stream(self, continuation: Continuation) -> GenerationStream:
         return GenerationStream(self._steps(continuation))
@@ -206,8 +212,35 @@ class Continuer:
     def _steps(self, c: Continuation) -> Iterator[str]:
         began = time.perf_counter()
         deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
-        run = Prefill(self.runner, self.ready)
         said = [*c.notes, *self._await_deposit(c)]
+        # a memo answer never enters the batch: its few steps run alone
+        batcher = self.batcher if self.batcher is not None and not c.memo else None
+        with batcher.turn() if batcher is not None else nullcontext():
+            run, uses, logits = self._prompt(c, deadline)
+        first_logits = logits.clone()
+        limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
+        sampler = self.runner.sampler(c.sampling)
+        tokens = [sampler.pick(logits)] if limit > 0 else []
+        ttft_s = time.perf_counter() - began
+        t = time.perf_counter()
+        text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
+        for token in tokens:
+            yield from text.push(token)
+        with batcher.lane() if batcher is not None else nullcontext() as lane:
+            while not text.done and len(tokens) < limit:
+                step = DecodeStep(tokens[-1], c.prompt_tokens + len(tokens) - 1, run.cache)
+                logits = lane.step(step) if lane is not None else self.runner.step(step.token, step.cache)
+                tokens.append(sampler.pick(logits))
+                yield from text.push(tokens[-1])
+        yield from text.flush()
+        decode_s = time.perf_counter() - t
+        run.cache.release()
+        return self._generation(c, run, uses, said, sampler, tokens, text, first_logits,
+                                ttft_s=ttft_s, decode_s=decode_s, began=began)
+
+    def _prompt(self, c: Continuation, deadline: Deadline) -> tuple[Prefill, list[StateUse], Any]:
+        """The context grafted or read, then the feed read: the prefill, its uses and the last logits."""
+        run = Prefill(self.runner, self.ready)
         try:
             uses = self._context(run, c, deadline, stream=self.stream_grafts)
             logits = run.text(c.feed)
@@ -222,22 +255,11 @@ class Continuer:
             run = Prefill(self.runner, self.ready)
             uses = self._context(run, c, deadline, stream=False, read=found)
             logits = run.text(c.feed)
-        first_logits = logits.clone()
-        limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
-        sampler = self.runner.sampler(c.sampling)
-        tokens = [sampler.pick(logits)] if limit > 0 else []
-        ttft_s = time.perf_counter() - began
-        t = time.perf_counter()
-        text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
-        for token in tokens:
-            yield from text.push(token)
-        while not text.done and len(tokens) < limit:
-            tokens.append(sampler.pick(self.runner.step(tokens[-1], run.cache)))
-            yield from text.push(tokens[-1])
-        yield from text.flush()
-        decode_s = time.perf_counter() - t
-        run.cache.release()
+        return run, uses, logits
 
+    def _generation(self, c: Continuation, run: Prefill, uses: list[StateUse], said: list[str], sampler: Any,
+                    tokens: list[int], text: TextDecoder, first_logits: Any, *, ttft_s: float, decode_s: float,
+                    began: float) -> Generation:
         mode = mode_of(uses, memo=c.memo)
         receipt = Receipt(
             mode=mode,

@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from kvrag.errors import ModelError
 
 __all__ = ["INVARIANT", "KEY_BLOCK", "QUERY_BLOCK", "MIN_QUERY_ROWS", "QUERY_CHUNK", "MIN_FORWARD_ROWS",
-           "invariant_attention", "query_rows", "key_value_buffer", "buffer_of", "register"]
+           "invariant_attention", "query_rows", "key_value_buffer", "buffer_of", "register", "Packing", "packed"]
 
 INVARIANT = "invariant"
 #: keys are padded to whole blocks of this many, aligned at absolute position 0 (the CPU flash
@@ -84,7 +85,16 @@ def invariant_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: `query` [b, h, q, d], `key`/`value` [b, h_kv, kv, d],
     `attention_mask` boolean (True: may attend), additive, or None (causal), [b, 1, q, kv];
-    returns [b, q, h, d]."""
+    returns [b, q, h, d]. Inside `packed(...)`, the rows are several sequences' (see `Packing`)."""
+    packing: Packing | None = getattr(_PACKED, "current", None)
+    if packing is not None:
+        return packing.attend(module, query, scaling, softcap, kwargs), None
+    return _attention(module, query, key, value, attention_mask, scaling, softcap, kwargs), None
+
+
+def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, scaling: float | None, softcap: float | None,
+               kwargs: dict[str, Any]) -> torch.Tensor:
     if softcap is not None:
         raise ModelError("the invariant kernel has no attention logit soft-capping (Gemma 2); load the model "
                          "with attn='sdpa'")
@@ -99,7 +109,7 @@ def invariant_attention(
         total = _whole(q_len, KEY_BLOCK)
         out = _sdpa(_pad(query, 0, total), _pad(key, 0, total), _pad(value, 0, total), is_causal=True,
                     scale=scaling, enable_gqa=gqa)[:, :, :q_len]
-        return out.transpose(1, 2).contiguous(), None
+        return out.transpose(1, 2).contiguous()
 
     plan = _plan(attention_mask, kwargs.get("position_ids"), batch, q_len, kv_len, q_start, k_start, query)
     keys, values = _pad(key, plan.k_front, plan.k_total), _pad(value, plan.k_front, plan.k_total)
@@ -108,7 +118,44 @@ def invariant_attention(
         part = _sdpa(query[:, :, rows], keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=mask, scale=scaling,
                      enable_gqa=gqa)
         out[:, :, first:end] = part[:, :, : end - first]
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
+
+
+class Packing:
+    """One forward call over several sequences' rows side by side (`spans`: each sequence's rows in
+    the call), each attending only over its own keys at its own positions. A packing cache hands
+    each layer's per-sequence keys and values to `hold`; attention then computes every sequence's
+    rows exactly as a forward over that sequence alone would (this kernel, a causal view)."""
+
+    def __init__(self, spans: Sequence[tuple[int, int]]) -> None:
+        self.spans = list(spans)
+        self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def hold(self, layer_idx: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._held[layer_idx] = keys_values
+
+    def attend(self, module: Any, query: torch.Tensor, scaling: float | None, softcap: float | None,
+               kwargs: dict[str, Any]) -> torch.Tensor:
+        held = self._held.pop(module.layer_idx)
+        position_ids = kwargs.pop("position_ids")
+        parts = [_attention(module, query[:, :, a:b], key, value, None, scaling, softcap,
+                            {**kwargs, "position_ids": position_ids[..., a:b]})
+                 for (a, b), (key, value) in zip(self.spans, held)]
+        return torch.cat(parts, dim=1)
+
+
+#: the packed forward under way on this thread, if any
+_PACKED = threading.local()
+
+
+@contextmanager
+def packed(packing: Packing) -> Iterator[Packing]:
+    """Run a forward on this thread as `packing` says (see `Packing`)."""
+    _PACKED.current = packing
+    try:
+        yield packing
+    finally:
+        _PACKED.current = None
 
 
 def query_rows(n: int) -> int:

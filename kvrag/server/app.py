@@ -101,7 +101,7 @@ def create_app(settings: ServeSettings, engine: KVEngine | None = None) -> FastA
         if loading is not None and not loading.done():
             loading.cancel()
         if state.worker is not None:
-            state.worker.threads.shutdown(wait=True)
+            state.worker.close()
 
     app = FastAPI(title="kvrag", summary="OpenAI-compatible answers from verified, grafted KV states",
                   lifespan=lifespan)
@@ -169,6 +169,8 @@ def _routes(app: FastAPI, state: AppState) -> None:
             "status": "ok", "model": w.settings.name, "model_fingerprint": w.engine.fingerprint,
             "hardware_fingerprint": w.engine.identity.hardware.digest, "worker": os.getpid(),
             "running": w.admission.running, "waiting": w.admission.waiting,
+            "batch": {"exact": w.batcher.exact, "rows": w.batcher.rows, "forwards": w.batcher.forwards,
+                      "stepped_rows": w.batcher.stepped_rows},
             "tiers": [{"kind": t.url.partition("://")[0], "open": not t.breaker.is_open} for t in w.engine.tiers],
         }
 

@@ -21,7 +21,8 @@ from prometheus_client import (
 
 from kvrag.core.receipt import Receipt
 
-__all__ = ["CONTENT_TYPE_LATEST", "REQUESTS", "TENANT_REQUESTS", "REJECTED", "IN_FLIGHT", "QUEUED", "observe", "exposition"]
+__all__ = ["CONTENT_TYPE_LATEST", "REQUESTS", "TENANT_REQUESTS", "REJECTED", "IN_FLIGHT", "QUEUED", "BATCH_ROWS", "observe",
+           "exposition"]
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -37,6 +38,8 @@ RECEIPTS = Counter("kvrag_receipts", "Answers by receipt mode", ["mode"])
 SEGMENTS = Counter("kvrag_segments", "Context segments by the tier whose state was grafted, or text and why",
                    ["tier", "outcome"])
 MEMO_HITS = Counter("kvrag_memo_hits", "Recurring questions answered from their verified memo state")
+BATCH_ROWS = Histogram("kvrag_batch_rows", "Generations whose decoding step one forward carried",
+                       buckets=(1, 2, 4, 8, 16, 32, 64))
 TOKENS = Counter("kvrag_tokens", "Tokens by what happened to them: reused (grafted), prefilled, decoded", ["kind"])
 
 

@@ -32,8 +32,11 @@ class ServeSettings(BaseModel):
     attn: str | None = None
     #: the in-process hot tier's cap (0: none)
     hot_mib: float = Field(default=512, ge=0)
-    #: generations run at once per worker
-    concurrency: int = Field(default=1, ge=1, le=64)
+    #: generations run at once per worker: the rows of its decoding batch
+    concurrency: int = Field(default=16, ge=1, le=64)
+    #: the generations' decoding steps share one forward (`kvrag.engine.batching`); off: each its own,
+    #: on its own share of the cores
+    batch: bool = True
     #: requests waiting per worker beyond those; more are answered 429
     queue: int = Field(default=16, ge=0, le=10_000)
     #: `max_tokens` when a request gives none
@@ -64,5 +67,5 @@ class ServeSettings(BaseModel):
 
     def torch_threads(self) -> int:
         """Workers on one machine must not oversubscribe its cores: threads fighting over cores
-        slow every forward down."""
-        return self.threads or max(1, (os.cpu_count() or 1) // (self.workers * self.concurrency))
+        slow every forward down. With the batch, a worker runs one forward at a time."""
+        return self.threads or max(1, (os.cpu_count() or 1) // (self.workers * (1 if self.batch else self.concurrency)))

@@ -1,8 +1,11 @@
-"""One worker's model: an engine per tenant over it, and the generation threads answers run on.
+"""One worker's model: an engine per tenant over it, the generation threads answers run on, and
+the batch their decoding steps share.
 
 Workers hold no state of their own that matters: each has a bounded in-process hot tier (an LRU,
 `memory://?max_mib=N`) in front of the shared store, so a state deposited through one worker
-grafts in every other. The model is read-only, so generations run in threads.
+grafts in every other. Each generation runs on its own thread; the prompt reads take turns on the
+model, and the decoding steps of every generation under way advance together, one forward per step
+(`kvrag.engine.batching`), each answer exactly what it would be alone.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable
 
 from kvrag.core.decoding import Generation, GenerationStream
+from kvrag.engine.batching import Batcher
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import ContextTooLongError, InputError, KVRagError
 from kvrag.server import metrics
@@ -34,6 +38,9 @@ class Worker:
         self.engine, self.settings = engine, settings
         self.admission = Admission(settings.concurrency, settings.queue)
         self.threads = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="kvrag-generate")
+        #: the generations' decoding steps, `concurrency` rows per forward at most
+        self.batcher = Batcher(engine.runner, rows=settings.concurrency, observe=metrics.BATCH_ROWS.observe)
+        engine.continuer.batcher = self.batcher if settings.batch else None
         self.system_fingerprint = "kvrag-" + engine.fingerprint[:16]
         self._tenants: dict[str, KVEngine] = {"": engine}
         self._building = threading.Lock()
@@ -43,8 +50,15 @@ class Worker:
         with self._building:
             if tenant not in self._tenants:
                 base = self.engine
-                self._tenants[tenant] = KVEngine(base.model, base.store, namespace=tenant, deadline_s=base.deadline_s)
+                engine = KVEngine(base.model, base.store, namespace=tenant, deadline_s=base.deadline_s)
+                engine.continuer.batcher = base.continuer.batcher  # one model, one batch: every tenant's steps share it
+                self._tenants[tenant] = engine
             return self._tenants[tenant]
+
+    def close(self) -> None:
+        """After the last request: the generation threads, then the batch."""
+        self.threads.shutdown(wait=True)
+        self.batcher.close()
 
     def check_model(self, name: str) -> None:
         if name not in (self.settings.name, self.engine.model.name):

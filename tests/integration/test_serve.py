@@ -249,6 +249,51 @@ def test_beyond_the_queue_requests_get_429_with_retry_after(server_a):
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
 
 
+def test_concurrent_streams_share_the_batch_and_answer_as_each_alone(server_b, local):
+    """server_b runs with the defaults: 16 generations at once, their decoding steps batched."""
+    asks = [(QUESTION, [DOC_A]), ("When was the lamp electrified?", [DOC_B, DOC_C]), ("Say something.", [DOC_B]),
+            ("What is in the lantern room?", [DOC_C]), ("Who retired in 1988?", [DOC_B, DOC_A]),
+            ("Tell me about the tower.", [DOC_A, DOC_C])]
+    expected = [local.generate(q, states=docs, max_new_tokens=24, memo=False) for q, docs in asks]
+    before = httpx.get(server_b.base + "/health").json()["batch"]
+
+    async def one(aclient: openai.AsyncOpenAI, index: int) -> tuple[str, dict | None]:
+        await asyncio.sleep(0.03 * index)  # arrivals while the others decode
+        question, documents = asks[index]
+        stream = await aclient.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=24, stream=True,
+            extra_body={"kvrag": {"documents": documents, "memo": False}})
+        text, closing = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                closing = chunk.model_extra.get("kvrag_receipt") or closing
+        return text, closing
+
+    async def abandoned(aclient: openai.AsyncOpenAI) -> None:
+        stream = await aclient.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Write at length."}], max_tokens=400, stream=True,
+            extra_body={"kvrag": {"graft": False}})
+        async for _ in stream:
+            break  # the client goes away mid-stream: its row is freed at the next step
+        await stream.close()
+
+    async def run() -> list:
+        async with openai.AsyncOpenAI(base_url=server_b.url, api_key="unused", max_retries=0, timeout=120) as aclient:
+            return await asyncio.gather(abandoned(aclient), *[one(aclient, i) for i in range(len(asks))])
+
+    _, *answers = asyncio.run(run())
+    for (text, closing), alone in zip(answers, expected):
+        assert text == alone.text
+        assert closing["first_token_logits_sha256"] == alone.receipt.first_token_logits_sha256
+        assert closing["decode_tokens"] == alone.receipt.decode_tokens
+    health = httpx.get(server_b.base + "/health").json()
+    batch = health["batch"]
+    assert batch["exact"] and batch["rows"] == 16
+    assert batch["stepped_rows"] - before["stepped_rows"] > batch["forwards"] - before["forwards"]  # shared forwards
+    assert health["running"] == 0  # the abandoned generation ended too
+
+
 def test_a_restarted_server_finds_its_states_in_redis(server_b):
     question, document = "Who retired in 1988?", unseen(DOC_B)
     first = ask(server_b, question, [document], memo=False)

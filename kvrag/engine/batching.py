@@ -1,0 +1,169 @@
+"""Continuous batching: the decoding steps of concurrent generations over one model advance together.
+
+Each generation runs on its own thread, as alone: its graft and prompt read (one at a time, taking
+turns with the batch), then its decoding loop. Each step it asks for goes to the batcher, whose
+thread runs one forward over every waiting generation's row (`ModelRunner.step_many`) and hands
+each its logits. A generation joins at its first step and leaves when its loop ends (an answer
+finished, stopped or abandoned), so the batch changes from one step to the next.
+
+Exact by construction: under the invariant kernel a linear layer's row has the same bits among any
+number of rows, and attention stays per generation, over its own cache; so every answer equals,
+token for token and in its logits' bits, the same request served alone. Where that does not hold
+(another attention kernel, a linear arithmetic whose rows depend on the count), the steps still
+take turns here but each is its own forward.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import AbstractContextManager, contextmanager
+from typing import Callable, Iterator
+
+import torch
+
+from kvrag.core.runner import DecodeStep, ModelRunner
+
+__all__ = ["Batcher", "Lane"]
+
+#: how long a step waits for the rest of the batch (generations between two steps) before it runs
+#: without them: long enough for a thread to pass a token on, short beside a forward
+GATHER_S = 0.005
+
+
+class Lane:
+    """One generation's place in the batch: `step` blocks until the batch forward that carries it is done."""
+
+    def __init__(self, batcher: "Batcher") -> None:
+        self._batcher = batcher
+        self.logits: torch.Tensor | None = None
+        self.error: BaseException | None = None
+
+    def step(self, step: DecodeStep) -> torch.Tensor:
+        return self._batcher._step(self, step)
+
+
+class _Turns:
+    """A fair lock: whoever asked first goes first (the batch and the prompt reads take turns)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = self._serving = 0
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._cond:
+            ticket, self._next = self._next, self._next + 1
+            while ticket != self._serving:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
+
+
+class Batcher:
+    """The batch of one model: at most `rows` generations' steps per forward."""
+
+    def __init__(self, runner: ModelRunner, rows: int = 16, *, observe: Callable[[int], None] | None = None) -> None:
+        self.runner, self.rows = runner, rows
+        #: told each forward's row count (the server's metrics)
+        self._observe = observe
+        self._cond = threading.Condition()
+        self._members: set[Lane] = set()
+        self._waiting: dict[Lane, DecodeStep] = {}
+        self._turns = _Turns()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        #: forward calls run for decoding steps, and the steps they carried
+        self.forwards = self.stepped_rows = 0
+
+    @property
+    def members(self) -> int:
+        """Generations in their decoding loop now."""
+        with self._cond:
+            return len(self._members)
+
+    @property
+    def exact(self) -> bool:
+        """Whether a batch's rows have the bits each has alone, so several share one forward."""
+        return self.runner.batches_exactly
+
+    def turn(self) -> AbstractContextManager[None]:
+        """Hold the model for a prompt read, between two batch steps."""
+        return self._turns.turn()
+
+    @contextmanager
+    def lane(self) -> Iterator[Lane]:
+        """A generation's lane, for its decoding loop; leaving it frees the row at the next step."""
+        lane = Lane(self)
+        try:
+            yield lane
+        finally:
+            with self._cond:
+                self._members.discard(lane)
+                self._waiting.pop(lane, None)
+                self._cond.notify_all()
+
+    def _step(self, lane: Lane, step: DecodeStep) -> torch.Tensor:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._start()
+            lane.logits = lane.error = None
+            self._members.add(lane)
+            self._waiting[lane] = step
+            self._cond.notify_all()
+            while lane.logits is None and lane.error is None:
+                self._cond.wait()
+        if lane.error is not None:
+            raise lane.error
+        assert lane.logits is not None
+        return lane.logits
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvrag-batch", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the batch thread once no step waits (generations still running then fail their next step)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _gather(self) -> list[tuple[Lane, DecodeStep]] | None:
+        """The next batch: once a step waits, up to `GATHER_S` for every other member's (None: closed)."""
+        with self._cond:
+            while not self._waiting and not self._closed:
+                self._cond.wait()
+            if not self._waiting:
+                return None
+            until = time.monotonic() + GATHER_S
+            while len(self._waiting) < min(len(self._members), self.rows) and (left := until - time.monotonic()) > 0:
+                self._cond.wait(left)
+            taken = list(self._waiting.items())[: self.rows]
+            for lane, _ in taken:
+                del self._waiting[lane]
+            return taken
+
+    def _run(self) -> None:
+        while (batch := self._gather()) is not None:
+            try:
+                with self._turns.turn():
+                    logits = self.runner.step_many([step for _, step in batch])
+                results: list[tuple[torch.Tensor | None, BaseException | None]] = [(row, None) for row in logits]
+            except BaseException as e:  # noqa: BLE001 - handed to every generation in the batch
+                results = [(None, e)] * len(batch)
+            with self._cond:
+                self.forwards += 1 if self.exact else len(batch)
+                self.stepped_rows += len(batch)
+                if self._observe is not None:
+                    self._observe(len(batch))
+                for (lane, _), (row, error) in zip(batch, results):
+                    lane.logits, lane.error = row, error
+                self._cond.notify_all()

@@ -1,0 +1,108 @@
+"""Generations whose decoding steps share forwards (`kvrag.engine.batching`) answer exactly as each
+alone: tokens, first-token logits and every step's logits, whatever else is in the batch and
+whenever it joined or left."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from kvrag import KVEngine, MemoryStore
+from kvrag.core.prefill import Prefill
+from kvrag.core.runner import DecodeStep, ModelRunner, logits_sha256
+from kvrag.engine import batching
+from kvrag.engine.batching import Batcher
+
+from ..conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, tiny
+
+#: what the requests ask: grafted, partly grafted, read as text, sampled with a seed, one abandoned
+REQUESTS = [
+    dict(query=QUESTION, states=[DOC_A], max_new_tokens=24),
+    dict(query="When was the lamp electrified?", states=[DOC_B, DOC_C], max_new_tokens=30),
+    dict(query="How many steps lead to the lantern room, and what is kept there today?", states=[DOC_C, DOC_A],
+         max_new_tokens=20, graft=False),
+    dict(query=QUESTION, states=[DOC_B], max_new_tokens=26, temperature=0.9, seed=7),
+    dict(query="Say something.", states=[DOC_A, DOC_B], max_new_tokens=40),
+]
+ABANDONED = 4  # its client goes away after a few deltas
+STARTS = [0, 0, 3, 5, 1]  # the batch forwards run before each request arrives
+
+
+def _alone(runner: ModelRunner, prompt: list[int], steps: int) -> list[str]:
+    run = Prefill(runner)
+    logits = run.text(prompt)
+    shas = [logits_sha256(logits)]
+    for _ in range(steps):
+        logits = runner.step(int(logits.argmax()), run.cache)
+        shas.append(logits_sha256(logits))
+    return shas
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_step_of_a_packed_forward_equals_the_step_alone(family, dtype):
+    runner = ModelRunner(tiny(family, dtype))
+    generator = torch.Generator().manual_seed(0)
+    # lengths across key blocks and past the sliding window; a short one stays under the padding
+    prompts = [torch.randint(3, 250, (n,), generator=generator).tolist() for n in (5, 40, 130, 700)]
+    expected = [_alone(runner, prompt, 8) for prompt in prompts]
+    live: list[tuple[int, Prefill, int, list[str]]] = []
+    for index, prompt in enumerate(prompts):  # each joins a batch already under way
+        run = Prefill(runner)
+        logits = run.text(prompt)
+        live.append((index, run, int(logits.argmax()), [logits_sha256(logits)]))
+    for _ in range(8):
+        outs = runner.step_many([DecodeStep(token, len(prompts[i]) + len(shas) - 1, run.cache)
+                                 for i, run, token, shas in live])
+        live = [(i, run, int(out.argmax()), shas + [logits_sha256(out)]) for (i, run, _, shas), out in zip(live, outs)]
+    assert [shas for _, _, _, shas in sorted(live, key=lambda r: r[0])] == expected
+
+
+def _run(engine: KVEngine, request: dict, batcher: Batcher, start: int, out: dict, index: int) -> None:
+    deadline = time.monotonic() + 60
+    while batcher.forwards < start and time.monotonic() < deadline:  # arrive while others decode
+        time.sleep(0.001)
+    stream = engine.stream(**request, memo=False)
+    if index == ABANDONED:
+        deltas = iter(stream)
+        out[index] = [next(deltas, "") for _ in range(3)]
+        deltas.close()  # the client went away: its row is freed at the next step
+        return
+    out[index] = stream.result()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_concurrent_answers_equal_each_answer_alone(family, dtype, monkeypatch):
+    # every batch waits for all the generations under way: they do share forwards, at every step
+    monkeypatch.setattr(batching, "GATHER_S", 10.0)
+    engine = KVEngine(tiny(family, dtype), MemoryStore())
+    for document in (DOC_A, DOC_B):
+        engine.deposit(document)
+    alone = [engine.generate(**request, memo=False) for request in REQUESTS]
+    batcher = Batcher(engine.runner, rows=8)
+    engine.continuer.batcher = batcher
+    out: dict[int, object] = {}
+    threads = [threading.Thread(target=_run, args=(engine, r, batcher, s, out, i))
+               for i, (r, s) in enumerate(zip(REQUESTS, STARTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    batcher.close()
+    for index, expected in enumerate(alone):
+        if index == ABANDONED:
+            assert expected.text.startswith("".join(out[index]).strip())
+            continue
+        got = out[index]
+        assert got.tokens == expected.tokens, index
+        assert got.receipt.first_token_logits_sha256 == expected.receipt.first_token_logits_sha256
+        assert got.receipt.mode == expected.receipt.mode
+    assert batcher.members == 0
+    if batcher.exact:
+        assert batcher.stepped_rows > batcher.forwards  # forwards carried several generations' steps
+    else:  # each step its own forward
+        assert batcher.stepped_rows == batcher.forwards
