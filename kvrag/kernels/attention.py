@@ -130,6 +130,7 @@ class Packing:
     def __init__(self, spans: Sequence[tuple[int, int]]) -> None:
         self.spans = list(spans)
         self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._positions: list[torch.Tensor] | None = None
 
     def hold(self, layer_idx: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self._held[layer_idx] = keys_values
@@ -138,9 +139,11 @@ class Packing:
                kwargs: dict[str, Any]) -> torch.Tensor:
         held = self._held.pop(module.layer_idx)
         position_ids = kwargs.pop("position_ids")
+        if self._positions is None:  # one tensor per sequence for every layer: its plan is made once
+            self._positions = [position_ids[..., a:b] for a, b in self.spans]
         parts = [_attention(module, query[:, :, a:b], key, value, None, scaling, softcap,
-                            {**kwargs, "position_ids": position_ids[..., a:b]})
-                 for (a, b), (key, value) in zip(self.spans, held)]
+                            {**kwargs, "position_ids": positions})
+                 for (a, b), (key, value), positions in zip(self.spans, held, self._positions)]
         return torch.cat(parts, dim=1)
 
 
@@ -187,25 +190,25 @@ class _Plan:
 
 
 #: each thread's plans for the forward it is in, by the mask (or positions) they were made for:
-#: a plan lives as long as that tensor does (transformers drops it when the forward ends)
+#: a plan lives as long as that tensor does (transformers drops it when the forward ends); a packed
+#: forward holds one per sequence
 _PLANS = threading.local()
-_PLANS_KEPT = 8
+_PLANS_KEPT = 128
 
 
 def _plan(mask: torch.Tensor | None, position_ids: torch.Tensor | None, batch: int, q_len: int, kv_len: int,
           q_start: int, k_start: int, query: torch.Tensor) -> _Plan:
     anchor = mask if mask is not None else position_ids
-    key = (mask is None, batch, q_len, kv_len, q_start, k_start, query.dtype, query.device)
-    made: dict[int, tuple[Any, tuple[Any, ...], _Plan]] | None = getattr(_PLANS, "made", None)
+    key = (id(anchor), mask is None, batch, q_len, kv_len, q_start, k_start, query.dtype, query.device)
+    made: dict[tuple[Any, ...], tuple[Any, _Plan]] | None = getattr(_PLANS, "made", None)
     if made is None:
         made = _PLANS.made = {}
-    for held, held_key, plan in list(made.values()):
-        if held() is anchor and anchor is not None and held_key == key:
-            return plan
+    found = made.get(key) if anchor is not None else None
+    if found is not None and found[0]() is anchor:
+        return found[1]
     plan = _Plan(_visibility(mask, batch, q_len, kv_len, q_start, k_start, query.device), kv_len, k_start, query.dtype)
     if anchor is not None:
-        number = _PLANS.count = getattr(_PLANS, "count", 0) + 1
-        made[number] = (weakref.ref(anchor, lambda _, made=made, number=number: made.pop(number, None)), key, plan)
+        made[key] = (weakref.ref(anchor, lambda _, made=made, key=key: made.pop(key, None)), plan)
         while len(made) > _PLANS_KEPT:
             made.pop(next(iter(made)))
     return plan

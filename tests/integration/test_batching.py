@@ -106,3 +106,27 @@ def test_concurrent_answers_equal_each_answer_alone(family, dtype, monkeypatch):
         assert batcher.stepped_rows > batcher.forwards  # forwards carried several generations' steps
     else:  # each step its own forward
         assert batcher.stepped_rows == batcher.forwards
+
+
+def test_smollm2_answers_in_a_batch_equal_each_alone(smollm2, monkeypatch):
+    monkeypatch.setattr(batching, "GATHER_S", 10.0)
+    engine = KVEngine(smollm2, MemoryStore())
+    engine.deposit(DOC_A)
+    requests = [dict(query=QUESTION, states=[DOC_A], max_new_tokens=10),
+                dict(query="When was the lamp electrified?", states=[DOC_B], max_new_tokens=12),
+                dict(query="What is in the lantern room?", states=[DOC_C, DOC_A], max_new_tokens=8, graft=False)]
+    alone = [engine.generate(**request, memo=False) for request in requests]
+    batcher = Batcher(engine.runner, rows=4)
+    engine.continuer.batcher = batcher
+    out: dict[int, object] = {}
+    threads = [threading.Thread(target=_run, args=(engine, r, batcher, s, out, i))
+               for i, (r, s) in enumerate(zip(requests, [0, 0, 2]))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    batcher.close()
+    for index, expected in enumerate(alone):
+        assert out[index].tokens == expected.tokens
+        assert out[index].receipt.first_token_logits_sha256 == expected.receipt.first_token_logits_sha256
+    assert batcher.stepped_rows > batcher.forwards
