@@ -130,3 +130,27 @@ def test_smollm2_answers_in_a_batch_equal_each_alone(smollm2, monkeypatch):
         assert out[index].tokens == expected.tokens
         assert out[index].receipt.first_token_logits_sha256 == expected.receipt.first_token_logits_sha256
     assert batcher.stepped_rows > batcher.forwards
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_under_other_kernels_steps_take_turns_each_its_own_forward(attn, monkeypatch):
+    # sdpa's and eager's bits depend on the rows a call holds: the batcher does not pack them
+    monkeypatch.setattr(batching, "GATHER_S", 10.0)
+    engine = KVEngine(tiny("llama", attn=attn), MemoryStore())
+    engine.deposit(DOC_A)
+    alone = [engine.generate(**request, memo=False) for request in REQUESTS[:3]]
+    batcher = Batcher(engine.runner, rows=4)
+    engine.continuer.batcher = batcher
+    out: dict[int, object] = {}
+    threads = [threading.Thread(target=_run, args=(engine, r, batcher, s, out, i))
+               for i, (r, s) in enumerate(zip(REQUESTS[:3], [0, 0, 2]))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    batcher.close()
+    assert not batcher.exact
+    for index, expected in enumerate(alone):
+        assert out[index].tokens == expected.tokens
+        assert out[index].receipt.first_token_logits_sha256 == expected.receipt.first_token_logits_sha256
+    assert batcher.stepped_rows == batcher.forwards
