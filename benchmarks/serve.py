@@ -280,10 +280,17 @@ def main() -> None:
 
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(
-            [{**a.row(solo_for(a.label)), "results": [asdict(r) for r in a.results]} for a in arms],
+            [{**a.row(solo_for(a.label)), "results": [_public(r) for r in a.results]} for a in arms],
             indent=2))
     if args.plot_path:
         plot([a.row() for a in arms], args.plot_path)
+
+
+def _public(result: Result) -> dict:
+    """A result as the JSON keeps it: its question, not the document it came with."""
+    row = asdict(result)
+    row["question"] = row.pop("key")[0]
+    return row
 
 
 def _cpu() -> str:
@@ -394,6 +401,8 @@ def plot(rows: list[dict], path: str) -> None:
     for colour, setup in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], setups):
         for arm, style in (("text", "--"), ("graft", "-")):
             chosen = [r for r in rows if r["label"] == f"{setup}: {arm}"]
+            if not chosen:
+                continue
             xs = [r["concurrency"] for r in chosen]
             left.plot(xs, [r["ttft_p50_s"] * 1e3 for r in chosen], style, color=colour, marker="o", label=f"{setup}, {arm}")
             right.plot(xs, [r["throughput_rps"] for r in chosen], style, color=colour, marker="o")
