@@ -154,3 +154,24 @@ def test_under_other_kernels_steps_take_turns_each_its_own_forward(attn, monkeyp
         assert out[index].tokens == expected.tokens
         assert out[index].receipt.first_token_logits_sha256 == expected.receipt.first_token_logits_sha256
     assert batcher.stepped_rows == batcher.forwards
+
+
+def test_a_request_arriving_mid_answer_advances_a_token_per_forward(monkeypatch):
+    # its answer does not wait for the other to finish: it joins the batch at its first step
+    monkeypatch.setattr(batching, "GATHER_S", 10.0)
+    engine = KVEngine(tiny("llama"), MemoryStore())
+    batcher = Batcher(engine.runner, rows=4)
+    engine.continuer.batcher = batcher
+    long = threading.Thread(target=lambda: engine.generate("Write at length.", states=[DOC_A], max_new_tokens=200,
+                                                           memo=False))
+    long.start()
+    deadline = time.monotonic() + 60
+    while batcher.forwards < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    before = batcher.forwards
+    short = engine.generate(QUESTION, states=[DOC_B], max_new_tokens=6, memo=False)
+    after = batcher.forwards
+    long.join(300)
+    batcher.close()
+    # its steps, plus one forward under way when it arrived and one the other ran while it read its prompt
+    assert after - before <= short.receipt.decode_tokens + 1

@@ -186,3 +186,37 @@ def test_a_llamaindex_query_engine_on_the_base_model_grafts_the_second_time(engi
         assert first == second == str(text.query(QUESTION))
     finally:
         get_dispatcher().event_handlers.remove(handler)
+
+
+def test_a_packed_decoding_step_equals_each_step_alone_past_the_window(gemma_invariant):
+    """Continuous batching's forward (`ModelRunner.step_many`) over sliding-window layers."""
+    from kvrag.core.prefill import Prefill
+    from kvrag.core.runner import DecodeStep, ModelRunner
+
+    runner = ModelRunner(gemma_invariant)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(300, 20000, (n,), generator=generator).tolist() for n in (40, 700)]
+
+    def prefilled(prompt):
+        run = Prefill(runner)
+        return run, run.text(prompt)
+
+    alone = []
+    for prompt in prompts:
+        run, logits = prefilled(prompt)
+        shas = []
+        for _ in range(5):
+            logits = runner.step(int(logits.argmax()), run.cache)
+            shas.append(logits_sha256(logits))
+        alone.append(shas)
+    runs = [prefilled(prompt) for prompt in prompts]
+    tokens = [int(logits.argmax()) for _, logits in runs]
+    packed: list[list[str]] = [[], []]
+    for step in range(5):
+        outs = runner.step_many([DecodeStep(token, len(prompt) + step, run.cache)
+                                 for token, prompt, (run, _) in zip(tokens, prompts, runs)])
+        for shas, out in zip(packed, outs):
+            shas.append(logits_sha256(out))
+        tokens = [int(out.argmax()) for out in outs]
+    assert runner.batches_exactly
+    assert packed == alone

@@ -142,7 +142,7 @@ def test_models_health_and_metrics(server_a):
     assert health["status"] == "ok" and [t["kind"] for t in health["tiers"]] == ["memory", "redis"]
     text = httpx.get(server_a.base + "/metrics").text
     for name in ("kvrag_requests_total", "kvrag_ttft_seconds_bucket", "kvrag_receipts_total", "kvrag_segments_total",
-                 "kvrag_tokens_total"):
+                 "kvrag_tokens_total", "kvrag_batch_rows_bucket"):
         assert name in text
     # started without --api-key: it says so, and who can reach it
     assert "no --api-key, so listening on 127.0.0.1 only (loopback)" in server_a.log.read_text()
@@ -224,6 +224,8 @@ def test_a_state_deposited_through_one_server_grafts_in_the_other_from_redis(ser
     question, document = "What is in the lantern room?", unseen(DOC_C)
     cold = ask(server_a, question, [document], memo=False)
     assert receipt(cold)["mode"] in READ_AS_TEXT
+    # the deposit runs after the answer, off its path: server_a's next ask waits for it to be stored
+    assert receipt(ask(server_a, question, [document], memo=False))["mode"] == "exact-graft"
     other = ask(server_b, question, [document], memo=False)
     assert receipt(other)["mode"] == "exact-graft"
     assert [s["tier"].split("://")[0] for s in receipt(other)["states"]] == ["redis"]
