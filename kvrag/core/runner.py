@@ -101,8 +101,7 @@ class ModelRunner:
     def batches_exactly(self) -> bool:
         """Whether `step_many` gives every row the bits `step` gives it alone: under the invariant
         kernel, whose linear layers' rows do not depend on the row count (oneDNN's products)."""
-        return self.model.attn == INVARIANT and linear_kernel(self.model.dtype).startswith("onednn") \
-            and linear_kernel(self.model.dtype) != "onednn-amx"
+        return self.model.attn == INVARIANT and linear_kernel(self.model.dtype) in ("onednn", "onednn-capped")
 
     def step_many(self, steps: Sequence[DecodeStep]) -> list[torch.Tensor]:
         """One decoding step for each of several generations, in one forward call where that is

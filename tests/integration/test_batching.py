@@ -74,6 +74,22 @@ def _run(engine: KVEngine, request: dict, batcher: Batcher, start: int, out: dic
     out[index] = stream.result()
 
 
+def _concurrently(engine: KVEngine, requests: list[dict], starts: list[int], rows: int) -> tuple[Batcher, dict]:
+    """`requests` on threads of their own through a batcher of `rows`, each arriving after its
+    `starts` batch forwards; the batcher (closed) and each request's result by index."""
+    batcher = Batcher(engine.runner, rows=rows)
+    engine.continuer.batcher = batcher
+    out: dict[int, object] = {}
+    threads = [threading.Thread(target=_run, args=(engine, r, batcher, s, out, i))
+               for i, (r, s) in enumerate(zip(requests, starts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    batcher.close()
+    return batcher, out
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_concurrent_answers_equal_each_answer_alone(family, dtype, monkeypatch):
@@ -83,16 +99,7 @@ def test_concurrent_answers_equal_each_answer_alone(family, dtype, monkeypatch):
     for document in (DOC_A, DOC_B):
         engine.deposit(document)
     alone = [engine.generate(**request, memo=False) for request in REQUESTS]
-    batcher = Batcher(engine.runner, rows=8)
-    engine.continuer.batcher = batcher
-    out: dict[int, object] = {}
-    threads = [threading.Thread(target=_run, args=(engine, r, batcher, s, out, i))
-               for i, (r, s) in enumerate(zip(REQUESTS, STARTS))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    batcher.close()
+    batcher, out = _concurrently(engine, REQUESTS, STARTS, rows=8)
     for index, expected in enumerate(alone):
         if index == ABANDONED:
             assert expected.text.startswith("".join(out[index]).strip())
@@ -116,16 +123,7 @@ def test_smollm2_answers_in_a_batch_equal_each_alone(smollm2, monkeypatch):
                 dict(query="When was the lamp electrified?", states=[DOC_B], max_new_tokens=12),
                 dict(query="What is in the lantern room?", states=[DOC_C, DOC_A], max_new_tokens=8, graft=False)]
     alone = [engine.generate(**request, memo=False) for request in requests]
-    batcher = Batcher(engine.runner, rows=4)
-    engine.continuer.batcher = batcher
-    out: dict[int, object] = {}
-    threads = [threading.Thread(target=_run, args=(engine, r, batcher, s, out, i))
-               for i, (r, s) in enumerate(zip(requests, [0, 0, 2]))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    batcher.close()
+    batcher, out = _concurrently(engine, requests, [0, 0, 2], rows=4)
     for index, expected in enumerate(alone):
         assert out[index].tokens == expected.tokens
         assert out[index].receipt.first_token_logits_sha256 == expected.receipt.first_token_logits_sha256
@@ -139,16 +137,7 @@ def test_under_other_kernels_steps_take_turns_each_its_own_forward(attn, monkeyp
     engine = KVEngine(tiny("llama", attn=attn), MemoryStore())
     engine.deposit(DOC_A)
     alone = [engine.generate(**request, memo=False) for request in REQUESTS[:3]]
-    batcher = Batcher(engine.runner, rows=4)
-    engine.continuer.batcher = batcher
-    out: dict[int, object] = {}
-    threads = [threading.Thread(target=_run, args=(engine, r, batcher, s, out, i))
-               for i, (r, s) in enumerate(zip(REQUESTS[:3], [0, 0, 2]))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    batcher.close()
+    batcher, out = _concurrently(engine, REQUESTS[:3], [0, 0, 2], rows=4)
     assert not batcher.exact
     for index, expected in enumerate(alone):
         assert out[index].tokens == expected.tokens
