@@ -203,10 +203,11 @@ class Continuer:
         return covered, uses
 
     def _await_deposit(self, c: Continuation) -> list[str]:
-        """Wait (at most the deadline) while this context is being deposited; what to say of it."""
+        """Wait while this context is being deposited (at most the queue's `max_wait_s`) rather
+        than read its text beside the deposit; what to say of it."""
         if self.deposits is None or not c.graft or not c.context:
             return []
-        waited = self.deposits.wait_for([s.key for s in c.context], self.deadline_s)
+        waited = self.deposits.wait_for([s.key for s in c.context], self.deposits.max_wait_s)
         return [f"waited {waited * 1e3:.0f} ms for this context's deposit, under way"] if waited else []
 
     def _steps(self, c: Continuation) -> Iterator[str]:

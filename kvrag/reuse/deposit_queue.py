@@ -14,9 +14,9 @@ When the process exits, what is queued is still deposited (at most `max_wait_s` 
 script that asks one question and ends leaves its state for the next run. Drops are counted
 (`stats`) and logged; an answer never depends on a deposit. Chains already
 queued are not queued twice, and a chain stored by the time its turn comes costs only reads. A
-question whose context is queued or being deposited waits for that deposit (`wait_for`, at most
-the engine's deadline) rather than read the same documents again beside it: asked twice in a row,
-the second answer grafts.
+question whose context is queued or being deposited moves that deposit to the head of the queue
+and waits for it (`wait_for`, at most `max_wait_s`) rather than read the same documents again
+beside it on the same cores: asked twice in a row, the second answer grafts.
 """
 
 from __future__ import annotations
@@ -131,12 +131,21 @@ class DepositQueue:
         with self._lock:
             if not any(self._segments[k] > 0 for k in keys):
                 return 0.0
+            self._promote(set(keys))
             while any(self._segments[k] > 0 for k in keys):
                 left = timeout - (time.monotonic() - began)
                 if left <= 0:
                     break
                 self._lock.wait(left)
         return time.monotonic() - began
+
+    def _promote(self, keys: set[str]) -> None:
+        """Move the queued chains holding one of `keys` ahead of the others, in their order: a
+        question waiting on one waits for it, not for the queue before it."""
+        first = [job for job in self._jobs if keys.intersection(job.missing)]
+        if first:
+            rest = [job for job in self._jobs if not keys.intersection(job.missing)]
+            self._jobs = deque([*first, *rest])
 
     def close(self, timeout: float | None = None) -> bool:
         """Take no more deposits; wait for those queued (at most `timeout` seconds, default

@@ -110,10 +110,11 @@ def test_bad_budgets_are_refused():
         DepositQueue(lambda s: None, bytes_per_token=1, max_wait_s=0)
 
 
-def test_a_question_waits_for_its_contexts_deposit_at_most_the_deadline_then_reads_the_text():
-    engine = KVEngine(tiny("llama"), MemoryStore(), deadline_s=0.3)
+def test_a_question_waits_for_its_contexts_deposit_at_most_the_queues_wait_budget_then_reads_the_text():
+    engine = KVEngine(tiny("llama"), MemoryStore())
     gate = Gate(engine.depositor.extend)
-    engine.continuer.deposits = engine.deposits = DepositQueue(gate, bytes_per_token=engine.model.state_bytes_per_token)
+    engine.continuer.deposits = engine.deposits = DepositQueue(gate, bytes_per_token=engine.model.state_bytes_per_token,
+                                                               max_wait_s=0.3)
     options = RAG_DEFAULTS.replace(max_new_tokens=2, memo=False)
     engine.generate(QUESTION, states=[DOC_B, DOC_C], options=options)
     assert gate.entered.wait(30)
@@ -124,6 +125,18 @@ def test_a_question_waits_for_its_contexts_deposit_at_most_the_deadline_then_rea
     assert not any("deposit" in note for note in other.receipt.notes), "another context does not wait"
     gate.open.set()
     assert engine.deposits.wait(60)
+
+
+def test_a_question_waiting_on_a_queued_deposit_moves_it_ahead_of_the_others(engine):
+    gate = Gate()
+    queue = DepositQueue(gate, bytes_per_token=1)
+    a, b, c = (engine.plan([doc]) for doc in (DOC_A, DOC_B, DOC_C))
+    assert queue.submit(a) and gate.entered.wait(30)  # A runs; B, then C, wait behind it
+    assert queue.submit(b) and queue.submit(c)
+    assert queue.wait_for([c[0].key], 0.01) > 0  # a question about C: C goes next
+    gate.open.set()
+    assert queue.wait(30)
+    assert gate.calls == [[a[0].key], [c[0].key], [b[0].key]]
 
 
 def test_a_closed_queue_finishes_what_was_queued_and_takes_no_more(engine):
