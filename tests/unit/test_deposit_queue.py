@@ -31,7 +31,7 @@ class Gate:
 
 @pytest.fixture(scope="module")
 def engine() -> KVEngine:
-    return KVEngine(tiny("llama"), MemoryStore(), deadline_s=120)  # a wait for a deposit is never cut short here
+    return KVEngine(tiny("llama"), MemoryStore())
 
 
 def test_an_answer_ends_before_its_deposit_and_the_deposit_then_grafts(engine):
