@@ -34,8 +34,12 @@ class Graftable:
 
 
 class Prefill:
-    def __init__(self, runner: ModelRunner, ready: ReadyBuffers | None = None) -> None:
+    """`forward`: how a read is run (`runner.forward` unless a batch carries it: `Lane.read`)."""
+
+    def __init__(self, runner: ModelRunner, ready: ReadyBuffers | None = None,
+                 forward: Callable[[Sequence[int], Any], torch.Tensor] | None = None) -> None:
         self.runner = runner
+        self.forward = forward or runner.forward
         self.cache: Any = runner.new_cache(ready)
         self.pending: list[StatePart] = []
         self.streams: list[Any] = []
@@ -64,7 +68,7 @@ class Prefill:
         """Prefill `ids` in one forward call after everything queued; the last position's logits."""
         self.flush(deferred=True)
         t = time.perf_counter()
-        logits = self.runner.forward(ids, self.cache)
+        logits = self.forward(ids, self.cache)
         self.cache.settle()
         self.prefill_s += time.perf_counter() - t
         self.prefilled += len(ids)

@@ -19,7 +19,7 @@ from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS, Packing, packed
 from kvrag.kernels.linear import linear_kernel
 from kvrag.models.loading import LoadedModel
 
-__all__ = ["ModelRunner", "logits_sha256", "DecodeStep"]
+__all__ = ["ModelRunner", "logits_sha256", "DecodeStep", "PromptRead"]
 
 
 def logits_sha256(logits: torch.Tensor) -> str:
@@ -33,6 +33,14 @@ class DecodeStep:
 
     token: int
     position: int
+    cache: Any
+
+
+@dataclass(frozen=True)
+class PromptRead:
+    """A prompt read a generation asks for: feed `ids` after what `cache` holds, as `forward` does."""
+
+    ids: Sequence[int]
     cache: Any
 
 
@@ -103,22 +111,60 @@ class ModelRunner:
         kernel, whose linear layers' rows do not depend on the row count (oneDNN's products)."""
         return self.model.attn == INVARIANT and linear_kernel(self.model.dtype) in ("onednn", "onednn-capped")
 
-    def step_many(self, steps: Sequence[DecodeStep]) -> list[torch.Tensor]:
-        """One decoding step for each of several generations, in one forward call where that is
-        exact (`batches_exactly`), else one call each; each one's logits, as `step` gives them."""
-        if len(steps) == 1 or not self.batches_exactly:
-            return [self.step(s.token, s.cache) for s in steps]
-        rows = len(steps)
-        device = self.model.device
-        input_ids = torch.tensor([[s.token for s in steps]], dtype=torch.long, device=device)
-        position_ids = torch.tensor([[s.position for s in steps]], dtype=torch.long, device=device)
-        packing = Packing([(i, i + 1) for i in range(rows)])
+    @property
+    def packs_reads(self) -> bool:
+        """Whether `step_many` packs prompt reads beside the steps: where it batches exactly and no
+        layer slides (a sliding layer's rows would need the window's mask, which packing leaves out)."""
+        return self.batches_exactly and all(codec.window is None for codec in self.codecs)
+
+    def step_many(self, steps: Sequence[DecodeStep | PromptRead]) -> list[torch.Tensor]:
+        """One decoding step or prompt read for each of several generations, in one forward call
+        where that is exact (`batches_exactly`; prompt reads where `packs_reads`), the rest one call
+        each; each one's logits, as `step` or `forward` gives them alone."""
+        alone = [s for s in steps if not self._packable(s)] if len(steps) > 1 else list(steps)
+        together = [s for s in steps if not any(s is a for a in alone)]
+        logits = dict(zip(map(id, together), self._packed(together))) if together else {}
+        for s in alone:
+            logits[id(s)] = self.step(s.token, s.cache) if isinstance(s, DecodeStep) else self.forward(s.ids, s.cache)
+        return [logits[id(s)] for s in steps]
+
+    def _packable(self, step: DecodeStep | PromptRead) -> bool:
+        return self.batches_exactly if isinstance(step, DecodeStep) else self.packs_reads
+
+    def _packed(self, steps: Sequence[DecodeStep | PromptRead]) -> list[torch.Tensor]:
+        """One forward over every step's and read's rows side by side (`Packing`); a short read
+        padded as `forward` pads it, its padding undone after."""
+        ids: list[int] = []
+        positions: list[int] = []
+        spans, keep, undo = [], [], []
+        for s in steps:
+            if isinstance(s, DecodeStep):
+                feed, first, padding = [s.token], s.position, 0
+            else:
+                if isinstance(s.cache, GraftCache):  # deferred grafts in place before the positions are counted
+                    s.cache.settle()
+                feed, first, padding = list(s.ids), s.cache.get_seq_length(), self._padding(len(s.ids))
+                if padding:
+                    undo.append((s.cache, [(layer.keys, layer.values) if layer.is_initialized else None
+                                           for layer in s.cache.layers], len(feed) + padding, padding))
+                    feed += [feed[-1]] * padding
+            spans.append((len(ids), len(ids) + len(feed)))
+            keep.append(len(ids) + len(feed) - padding - 1)
+            ids += feed
+            positions += range(first, first + len(feed))
+        device, rows = self.model.device, len(ids)
+        packing = Packing(spans)
         # a prepared mask stops transformers from making one; the packing's attention never reads it
         mask = torch.ones((1, 1, rows, rows), dtype=torch.bool, device=device)
         with torch.inference_mode(), packed(packing):
-            out = self.model.hf_model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                                      cache=_PackedCache([s.cache for s in steps], packing), use_cache=True,
-                                      logits_to_keep=0)
+            out = self.model.hf_model(input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+                                      position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+                                      attention_mask=mask, cache=_PackedCache([s.cache for s in steps], packing),
+                                      use_cache=True, logits_to_keep=torch.tensor(keep, device=device))
+        for cache, held, added, padding in undo:
+            held += [None] * (len(cache.layers) - len(held))  # layers a lazy cache made just now
+            for codec, layer, before in zip(self.codecs, cache.layers, held):
+                codec.unpad(layer, before, added, padding)
         return list(out.logits[0])
 
     def _padding(self, rows: int) -> int:

@@ -1,16 +1,20 @@
-"""Continuous batching: the decoding steps of concurrent generations over one model advance together.
+"""Continuous batching: the prompt reads and decoding steps of concurrent generations over one
+model advance together.
 
-Each generation runs on its own thread, as alone: its graft and prompt read (one at a time, taking
-turns with the batch), then its decoding loop. Each step it asks for goes to the batcher, whose
-thread runs one forward over every waiting generation's row (`ModelRunner.step_many`) and hands
-each its logits. A generation joins at its first step and leaves when its loop ends (an answer
-finished, stopped or abandoned), so the batch changes from one step to the next.
+Each generation runs on its own thread, as alone: its store reads and grafts, its prompt reads,
+then its decoding loop. Each read and step it asks for goes to the batcher, whose thread runs one
+forward over every waiting generation's rows (`ModelRunner.step_many`: a step is one row, a read
+its prompt's rows) and hands each its logits; so a new request's prompt read joins the next
+forward of the answers under way instead of waiting for them. A generation joins at its first
+read and leaves when its loop ends (an answer finished, stopped or abandoned), so the batch
+changes from one forward to the next.
 
 Exact by construction: under the invariant kernel a linear layer's row has the same bits among any
 number of rows, and attention stays per generation, over its own cache; so every answer equals,
 token for token and in its logits' bits, the same request served alone. Where that does not hold
 (another attention kernel, a linear arithmetic whose rows depend on the count), the steps still
-take turns here but each is its own forward.
+take turns here but each is its own forward; so does a prompt read of a model with sliding-window
+layers. A prompt that needs the model otherwise (a blend) holds it between two batch forwards (`turn`).
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import AbstractContextManager, contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from kvrag.core.runner import DecodeStep, ModelRunner
+from kvrag.codecs import GraftCache
+from kvrag.core.runner import DecodeStep, ModelRunner, PromptRead
 
 __all__ = ["Batcher", "Lane"]
 
@@ -32,7 +37,8 @@ GATHER_S = 0.005
 
 
 class Lane:
-    """One generation's place in the batch: `step` blocks until the batch forward that carries it is done."""
+    """One generation's place in the batch: `step` and `read` block until the batch forward that
+    carries them is done."""
 
     def __init__(self, batcher: "Batcher") -> None:
         self._batcher = batcher
@@ -41,6 +47,12 @@ class Lane:
 
     def step(self, step: DecodeStep) -> torch.Tensor:
         return self._batcher._step(self, step)
+
+    def read(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
+        """Feed prompt `ids` after what `cache` holds, in the next batch forward (`ModelRunner.forward`'s logits)."""
+        if isinstance(cache, GraftCache):  # a streamed graft arrives here, not in the batch's forward
+            cache.settle()
+        return self._batcher._step(self, PromptRead(list(ids), cache))
 
 
 class _Turns:
@@ -73,7 +85,7 @@ class Batcher:
         self._observe = observe
         self._cond = threading.Condition()
         self._members: set[Lane] = set()
-        self._waiting: dict[Lane, DecodeStep] = {}
+        self._waiting: dict[Lane, DecodeStep | PromptRead] = {}
         self._turns = _Turns()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -82,7 +94,7 @@ class Batcher:
 
     @property
     def members(self) -> int:
-        """Generations in their decoding loop now."""
+        """Generations in the batch now (past their first read, not yet done)."""
         with self._cond:
             return len(self._members)
 
@@ -92,12 +104,12 @@ class Batcher:
         return self.runner.batches_exactly
 
     def turn(self) -> AbstractContextManager[None]:
-        """Hold the model for a prompt read, between two batch steps."""
+        """Hold the model between two batch forwards (for a prompt that needs it otherwise than to read)."""
         return self._turns.turn()
 
     @contextmanager
     def lane(self) -> Iterator[Lane]:
-        """A generation's lane, for its decoding loop; leaving it frees the row at the next step."""
+        """A generation's lane, for its prompt reads and decoding loop; leaving it frees the row at the next forward."""
         lane = Lane(self)
         try:
             yield lane
@@ -107,7 +119,7 @@ class Batcher:
                 self._waiting.pop(lane, None)
                 self._cond.notify_all()
 
-    def _step(self, lane: Lane, step: DecodeStep) -> torch.Tensor:
+    def _step(self, lane: Lane, step: DecodeStep | PromptRead) -> torch.Tensor:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
@@ -136,7 +148,7 @@ class Batcher:
         if self._thread is not None:
             self._thread.join()
 
-    def _gather(self) -> list[tuple[Lane, DecodeStep]] | None:
+    def _gather(self) -> list[tuple[Lane, DecodeStep | PromptRead]] | None:
         """The next batch: once a step waits, up to `GATHER_S` for every other member's (None: closed)."""
         with self._cond:
             while not self._waiting and not self._closed:

@@ -34,7 +34,7 @@ from kvrag.stores.deadline import Deadline
 from kvrag.trust.identity import EngineIdentity
 
 if TYPE_CHECKING:
-    from kvrag.engine.batching import Batcher
+    from kvrag.engine.batching import Batcher, Lane
 
 __all__ = ["Continuer"]
 
@@ -216,18 +216,17 @@ class Continuer:
         said = [*c.notes, *self._await_deposit(c)]
         # a memo answer never enters the batch: its few steps run alone
         batcher = self.batcher if self.batcher is not None and not c.memo else None
-        with batcher.turn() if batcher is not None else nullcontext():
-            run, uses, logits = self._prompt(c, deadline)
-        first_logits = logits.clone()
-        limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
-        sampler = self.runner.sampler(c.sampling)
-        tokens = [sampler.pick(logits)] if limit > 0 else []
-        ttft_s = time.perf_counter() - began
-        t = time.perf_counter()
-        text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
-        for token in tokens:
-            yield from text.push(token)
         with batcher.lane() if batcher is not None else nullcontext() as lane:
+            run, uses, logits = self._batched_prompt(c, deadline, lane)
+            first_logits = logits.clone()
+            limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
+            sampler = self.runner.sampler(c.sampling)
+            tokens = [sampler.pick(logits)] if limit > 0 else []
+            ttft_s = time.perf_counter() - began
+            t = time.perf_counter()
+            text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
+            for token in tokens:
+                yield from text.push(token)
             while not text.done and len(tokens) < limit:
                 step = DecodeStep(tokens[-1], c.prompt_tokens + len(tokens) - 1, run.cache)
                 logits = lane.step(step) if lane is not None else self.runner.step(step.token, step.cache)
@@ -239,9 +238,19 @@ class Continuer:
         return self._generation(c, run, uses, said, sampler, tokens, text, first_logits,
                                 ttft_s=ttft_s, decode_s=decode_s, began=began)
 
-    def _prompt(self, c: Continuation, deadline: Deadline) -> tuple[Prefill, list[StateUse], Any]:
+    def _batched_prompt(self, c: Continuation, deadline: Deadline, lane: Lane | None) -> tuple[Prefill, list[StateUse], Any]:
+        """`_prompt`, its reads in the batch's forwards where there is one; a blend, which runs the
+        model otherwise too, holds the model between two of them."""
+        if lane is None or self.batcher is None:
+            return self._prompt(c, deadline)
+        if c.blend is None:
+            return self._prompt(c, deadline, lane.read)
+        with self.batcher.turn():
+            return self._prompt(c, deadline)
+
+    def _prompt(self, c: Continuation, deadline: Deadline, forward: Any = None) -> tuple[Prefill, list[StateUse], Any]:
         """The context grafted or read, then the feed read: the prefill, its uses and the last logits."""
-        run = Prefill(self.runner, self.ready)
+        run = Prefill(self.runner, self.ready, forward)
         try:
             uses = self._context(run, c, deadline, stream=self.stream_grafts)
             logits = run.text(c.feed)
@@ -253,7 +262,7 @@ class Continuer:
             # context read again, nothing streamed (what a later tier served whole is grafted as it
             # came; otherwise the next tier or the text answers for it)
             found = run.drop_streams(deadline)
-            run = Prefill(self.runner, self.ready)
+            run = Prefill(self.runner, self.ready, forward)
             uses = self._context(run, c, deadline, stream=False, read=found)
             logits = run.text(c.feed)
         return run, uses, logits

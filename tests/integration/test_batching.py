@@ -12,7 +12,7 @@ import torch
 
 from kvrag import KVEngine, MemoryStore
 from kvrag.core.prefill import Prefill
-from kvrag.core.runner import DecodeStep, ModelRunner, logits_sha256
+from kvrag.core.runner import DecodeStep, ModelRunner, PromptRead, logits_sha256
 from kvrag.engine import batching
 from kvrag.engine.batching import Batcher
 
@@ -59,6 +59,39 @@ def test_every_step_of_a_packed_forward_equals_the_step_alone(family, dtype):
                                  for i, run, token, shas in live])
         live = [(i, run, int(out.argmax()), shas + [logits_sha256(out)]) for (i, run, _, shas), out in zip(live, outs)]
     assert [shas for _, _, _, shas in sorted(live, key=lambda r: r[0])] == expected
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_reads_packed_beside_steps_equal_each_read_alone(family, dtype):
+    runner = ModelRunner(tiny(family, dtype))
+    generator = torch.Generator().manual_seed(1)
+    # contexts across key blocks; questions under the padding, of one row and longer; two first reads
+    contexts = [torch.randint(3, 250, (n,), generator=generator).tolist() for n in (5, 40, 130, 700)]
+    questions = [torch.randint(3, 250, (n,), generator=generator).tolist() for n in (3, 20, 1, 17)]
+
+    def alone(context: list[int], question: list[int]) -> tuple[str, str]:
+        run = Prefill(runner)
+        run.text(context)
+        logits = run.text(question)
+        return logits_sha256(logits), logits_sha256(runner.step(int(logits.argmax()), run.cache))
+
+    expected = [alone(c, q) for c, q in zip(contexts, questions)]
+    runs = [Prefill(runner) for _ in contexts]
+    firsts = [int(run.text(c).argmax()) for run, c in zip(runs, contexts)]
+    fresh = [Prefill(runner) for _ in range(2)]
+    items = [DecodeStep(firsts[0], len(contexts[0]), runs[0].cache),
+             *(PromptRead(q, run.cache) for run, q in zip(runs[1:], questions[1:])),
+             *(PromptRead(c, run.cache) for run, c in zip(fresh, contexts[:2]))]
+    outs = runner.step_many(items)
+    got = [(logits_sha256(out), logits_sha256(runner.step(int(out.argmax()), run.cache)))
+           for run, out in zip(runs[1:], outs[1:4])]
+    assert got == expected[1:]
+    for run, context, out in zip(fresh, contexts, outs[4:]):
+        assert run.cache.get_seq_length() == len(context)
+        assert logits_sha256(out) == logits_sha256(runner.forward(context, runner.new_cache()))
+    # a model without sliding layers reads in the shared forward; one with them, each read alone
+    assert runner.packs_reads == all(codec.window is None for codec in runner.codecs)
 
 
 def _run(engine: KVEngine, request: dict, batcher: Batcher, start: int, out: dict, index: int) -> None:
@@ -162,5 +195,7 @@ def test_a_request_arriving_mid_answer_advances_a_token_per_forward(monkeypatch)
     after = batcher.forwards
     long.join(300)
     batcher.close()
-    # its steps, plus one forward under way when it arrived and one the other ran while it read its prompt
-    assert after - before <= short.receipt.decode_tokens + 1
+    # its reads (each context segment read as text, then its question) and its steps after the first
+    # token, each in a forward the other shares, plus one forward under way when it arrived
+    reads = sum(use.source == "text" for use in short.receipt.states) + 1
+    assert after - before <= reads + short.receipt.decode_tokens - 1 + 1
