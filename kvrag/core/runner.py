@@ -121,14 +121,15 @@ class ModelRunner:
         """One decoding step or prompt read for each of several generations, in one forward call
         where that is exact (`batches_exactly`; prompt reads where `packs_reads`), the rest one call
         each; each one's logits, as `step` or `forward` gives them alone."""
-        alone = [s for s in steps if not self._packable(s)] if len(steps) > 1 else list(steps)
+        alone = [s for s in steps if not self.packs(s)] if len(steps) > 1 else list(steps)
         together = [s for s in steps if not any(s is a for a in alone)]
         logits = dict(zip(map(id, together), self._packed(together))) if together else {}
         for s in alone:
             logits[id(s)] = self.step(s.token, s.cache) if isinstance(s, DecodeStep) else self.forward(s.ids, s.cache)
         return [logits[id(s)] for s in steps]
 
-    def _packable(self, step: DecodeStep | PromptRead) -> bool:
+    def packs(self, step: DecodeStep | PromptRead) -> bool:
+        """Whether `step_many` puts `step` in its shared forward (else it is a forward of its own)."""
         return self.batches_exactly if isinstance(step, DecodeStep) else self.packs_reads
 
     def _packed(self, steps: Sequence[DecodeStep | PromptRead]) -> list[torch.Tensor]:

@@ -89,7 +89,7 @@ class Batcher:
         self._turns = _Turns()
         self._thread: threading.Thread | None = None
         self._closed = False
-        #: forward calls run for decoding steps, and the steps they carried
+        #: forward calls run for steps and reads, and the steps and reads they carried
         self.forwards = self.stepped_rows = 0
 
     @property
@@ -172,7 +172,8 @@ class Batcher:
             except BaseException as e:  # noqa: BLE001 - handed to every generation in the batch
                 results = [(None, e)] * len(batch)
             with self._cond:
-                self.forwards += 1 if self.exact else len(batch)
+                alone = sum(not self.runner.packs(step) for _, step in batch) if len(batch) > 1 else 1
+                self.forwards += alone + (alone < len(batch))
                 self.stepped_rows += len(batch)
                 if self._observe is not None:
                     self._observe(len(batch))
