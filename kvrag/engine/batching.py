@@ -56,7 +56,7 @@ class Lane:
 
 
 class _Turns:
-    """A fair lock: whoever asked first goes first (the batch and the prompt reads take turns)."""
+    """A fair lock: whoever asked first goes first (the batch and a blend's prompt take turns)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
