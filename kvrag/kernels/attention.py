@@ -131,6 +131,7 @@ class Packing:
         self.spans = list(spans)
         self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._positions: list[torch.Tensor] | None = None
+        self._lasts: list[int] = []
 
     def hold(self, layer_idx: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self._held[layer_idx] = keys_values
@@ -141,10 +142,29 @@ class Packing:
         position_ids = kwargs.pop("position_ids")
         if self._positions is None:  # one tensor per sequence for every layer: its plan is made once
             self._positions = [position_ids[..., a:b] for a, b in self.spans]
-        parts = [_attention(module, query[:, :, a:b], key, value, None, scaling, softcap,
-                            {**kwargs, "position_ids": positions})
-                 for (a, b), (key, value), positions in zip(self.spans, held, self._positions)]
+            self._lasts = [int(positions.reshape(-1)[-1]) for positions in self._positions]
+        parts = [_one_row(query[:, :, a:b], key, value, scaling, softcap, positions, last) if b - a == 1 < key.shape[-2]
+                 else _attention(module, query[:, :, a:b], key, value, None, scaling, softcap,
+                                 {**kwargs, "position_ids": positions})
+                 for (a, b), (key, value), positions, last in zip(self.spans, held, self._positions, self._lasts)]
         return torch.cat(parts, dim=1)
+
+
+def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
+             softcap: float | None, positions: torch.Tensor, last: int) -> torch.Tensor:
+    """`_attention` for one query row at absolute position `last` after a cache (a decoding step):
+    the same plan and sdpa call, with fewer copies around it; [b, 1, h, d]."""
+    if softcap is not None:
+        raise ModelError("the invariant kernel has no attention logit soft-capping (Gemma 2); load the model "
+                         "with attn='sdpa'")
+    kv_len = key.shape[-2]
+    k_start = max(0, last - kv_len + 1)
+    plan = _plan(None, positions, query.shape[0], 1, kv_len, last, k_start, query)
+    keys, values = _pad(key, plan.k_front, plan.k_total), _pad(value, plan.k_front, plan.k_total)
+    _, _, rows, lo, hi, mask = plan.chunks[0]
+    part = _sdpa(query.expand(-1, -1, rows.numel(), -1).contiguous(), keys[:, :, lo:hi], values[:, :, lo:hi],
+                 attn_mask=mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    return part[:, :, :1].transpose(1, 2)
 
 
 #: the packed forward under way on this thread, if any
