@@ -51,6 +51,9 @@ class StateUse(BaseModel):
 
 
 class Timings(BaseModel):
+    """Wall times of one answer. Under batching (`kvrag serve`) `prefill_ms` includes the wait for
+    the forward that carries the read, and `decode_ms` the steps shared with other answers."""
+
     model_config = ConfigDict(frozen=True)
 
     restore_ms: float
