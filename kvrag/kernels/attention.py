@@ -95,9 +95,7 @@ def invariant_attention(
 def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, scaling: float | None, softcap: float | None,
                kwargs: dict[str, Any]) -> torch.Tensor:
-    if softcap is not None:
-        raise ModelError("the invariant kernel has no attention logit soft-capping (Gemma 2); load the model "
-                         "with attn='sdpa'")
+    _refuse_softcap(softcap)
     batch, heads, q_len, head_dim = query.shape
     kv_len = key.shape[-2]
     gqa = heads != key.shape[1]
@@ -119,6 +117,12 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
                      enable_gqa=gqa)
         out[:, :, first:end] = part[:, :, : end - first]
     return out.transpose(1, 2).contiguous()
+
+
+def _refuse_softcap(softcap: float | None) -> None:
+    if softcap is not None:
+        raise ModelError("the invariant kernel has no attention logit soft-capping (Gemma 2); load the model "
+                         "with attn='sdpa'")
 
 
 class Packing:
@@ -154,9 +158,7 @@ def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalin
              softcap: float | None, positions: torch.Tensor, last: int) -> torch.Tensor:
     """`_attention` for one query row at absolute position `last` after a cache (a decoding step):
     the same plan and sdpa call, with fewer copies around it; [b, 1, h, d]."""
-    if softcap is not None:
-        raise ModelError("the invariant kernel has no attention logit soft-capping (Gemma 2); load the model "
-                         "with attn='sdpa'")
+    _refuse_softcap(softcap)
     kv_len = key.shape[-2]
     k_start = max(0, last - kv_len + 1)
     plan = _plan(None, positions, query.shape[0], 1, kv_len, last, k_start, query)
