@@ -83,15 +83,18 @@ def test_prompt_reads_packed_beside_steps_equal_each_read_alone(family, dtype):
     items = [DecodeStep(firsts[0], len(contexts[0]), runs[0].cache),
              *(PromptRead(q, run.cache) for run, q in zip(runs[1:], questions[1:])),
              *(PromptRead(c, run.cache) for run, c in zip(fresh, contexts[:2]))]
+    calls: list[int] = []
+    hook = runner.model.hf_model.register_forward_pre_hook(lambda *_: calls.append(1))
     outs = runner.step_many(items)
+    hook.remove()
+    # a model without sliding layers reads in the shared forward; one with them, each read alone
+    assert len(calls) == (1 if all(codec.window is None for codec in runner.codecs) else 1 + len(items) - 1)
     got = [(logits_sha256(out), logits_sha256(runner.step(int(out.argmax()), run.cache)))
            for run, out in zip(runs[1:], outs[1:4])]
     assert got == expected[1:]
     for run, context, out in zip(fresh, contexts, outs[4:]):
         assert run.cache.get_seq_length() == len(context)
         assert logits_sha256(out) == logits_sha256(runner.forward(context, runner.new_cache()))
-    # a model without sliding layers reads in the shared forward; one with them, each read alone
-    assert runner.packs_reads == all(codec.window is None for codec in runner.codecs)
 
 
 def _run(engine: KVEngine, request: dict, batcher: Batcher, start: int, out: dict, index: int) -> None:
