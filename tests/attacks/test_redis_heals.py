@@ -22,7 +22,9 @@ from .conftest import engine, text_logits
 
 @pytest.mark.parametrize("wire", ["direct", "client"])
 def test_a_restarted_redis_grafts_again_within_a_second_of_holding_the_state(tmp_path, wire):
-    server = RedisServer(tmp_path / "redis", extra=("--appendonly", "yes")).start()  # keeps its data
+    # keeps its data: every write on disk before its reply (with the default `everysec`, Redis may put
+    # off writing its log while a slow disk syncs, so a kill can lose the state just stored)
+    server = RedisServer(tmp_path / "redis", extra=("--appendonly", "yes", "--appendfsync", "always")).start()
     try:
         victim = engine(f"{server.url}?wire={wire}")
         ref = victim.deposit(DOC_A)
