@@ -81,22 +81,31 @@ class ModelRunner:
         Under the invariant kernel a read shorter than `MIN_FORWARD_ROWS` is padded with dummy
         tokens after it (their cache entries dropped), so its rows are computed as they would be
         in one pass over the whole prompt (see `kvrag.kernels.attention`)."""
-        ids = list(ids)
-        padding = self._padding(len(ids))
-        if padding:
-            if isinstance(cache, GraftCache):  # a deferred graft is installed before its layers are read here
-                cache.settle()
-            held = [(layer.keys, layer.values) if layer.is_initialized else None for layer in cache.layers]
-            ids = ids + [ids[-1]] * padding
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        keep = torch.tensor([len(ids) - padding - 1], device=self.model.device) if padding else 1
+        feed, padding, held = self._padded(ids, cache)
+        input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)
+        keep = torch.tensor([len(feed) - padding - 1], device=self.model.device) if padding else 1
         with torch.inference_mode():
             out = self.model.hf_model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=keep)
         if padding:
-            held += [None] * (len(cache.layers) - len(held))  # layers a lazy cache made just now
-            for codec, layer, before in zip(self.codecs, cache.layers, held):
-                codec.unpad(layer, before, len(ids), padding)
+            self._unpad(cache, held, len(feed), padding)
         return out.logits[0, -1]
+
+    def _padded(self, ids: Sequence[int], cache: Any) -> tuple[list[int], int, list[Any]]:
+        """What a read of `ids` feeds: padded with dummy tokens if short (see `forward`), the padding,
+        and what `cache`'s layers held before it, to undo the padding after."""
+        ids = list(ids)
+        padding = self._padding(len(ids))
+        if not padding:
+            return ids, 0, []
+        if isinstance(cache, GraftCache):  # a deferred graft is installed before its layers are read here
+            cache.settle()
+        held = [(layer.keys, layer.values) if layer.is_initialized else None for layer in cache.layers]
+        return ids + [ids[-1]] * padding, padding, held
+
+    def _unpad(self, cache: Any, held: list[Any], added: int, padding: int) -> None:
+        held = held + [None] * (len(cache.layers) - len(held))  # layers a lazy cache made just now
+        for codec, layer, before in zip(self.codecs, cache.layers, held):
+            codec.unpad(layer, before, added, padding)
 
     def step(self, token: int, cache: Any) -> torch.Tensor:
         """One decoding step (one row, never padded: as a stock `model.generate` decodes)."""
@@ -121,16 +130,25 @@ class ModelRunner:
         """One decoding step or prompt read for each of several generations, in one forward call
         where that is exact (`batches_exactly`; prompt reads where `packs_reads`), the rest one call
         each; each one's logits, as `step` or `forward` gives them alone."""
-        alone = [s for s in steps if not self.packs(s)] if len(steps) > 1 else list(steps)
-        together = [s for s in steps if not any(s is a for a in alone)]
+        together, alone = self._partition(steps)
         logits = dict(zip(map(id, together), self._packed(together))) if together else {}
         for s in alone:
             logits[id(s)] = self.step(s.token, s.cache) if isinstance(s, DecodeStep) else self.forward(s.ids, s.cache)
         return [logits[id(s)] for s in steps]
 
-    def packs(self, step: DecodeStep | PromptRead) -> bool:
-        """Whether `step_many` puts `step` in its shared forward (else it is a forward of its own)."""
-        return self.batches_exactly if isinstance(step, DecodeStep) else self.packs_reads
+    def forward_calls(self, steps: Sequence[DecodeStep | PromptRead]) -> int:
+        """How many forward calls `step_many(steps)` runs."""
+        together, alone = self._partition(steps)
+        return len(alone) + bool(together)
+
+    def _partition(self, steps: Sequence[DecodeStep | PromptRead]) -> tuple[list[Any], list[Any]]:
+        """The steps `step_many` packs in one forward, and those it runs alone (a single one: alone)."""
+        together: list[Any] = []
+        alone: list[Any] = []
+        for s in steps:
+            packs = self.batches_exactly if isinstance(s, DecodeStep) else self.packs_reads
+            (together if len(steps) > 1 and packs else alone).append(s)
+        return together, alone
 
     def _packed(self, steps: Sequence[DecodeStep | PromptRead]) -> list[torch.Tensor]:
         """One forward over every step's and read's rows side by side (`Packing`); a short read
@@ -144,11 +162,10 @@ class ModelRunner:
             else:
                 if isinstance(s.cache, GraftCache):  # deferred grafts in place before the positions are counted
                     s.cache.settle()
-                feed, first, padding = list(s.ids), s.cache.get_seq_length(), self._padding(len(s.ids))
+                first = s.cache.get_seq_length()
+                feed, padding, held = self._padded(s.ids, s.cache)
                 if padding:
-                    undo.append((s.cache, [(layer.keys, layer.values) if layer.is_initialized else None
-                                           for layer in s.cache.layers], len(feed) + padding, padding))
-                    feed += [feed[-1]] * padding
+                    undo.append((s.cache, held, len(feed), padding))
             spans.append((len(ids), len(ids) + len(feed)))
             keep.append(len(ids) + len(feed) - padding - 1)
             ids += feed
@@ -163,9 +180,7 @@ class ModelRunner:
                                       attention_mask=mask, cache=_PackedCache([s.cache for s in steps], packing),
                                       use_cache=True, logits_to_keep=torch.tensor(keep, device=device))
         for cache, held, added, padding in undo:
-            held += [None] * (len(cache.layers) - len(held))  # layers a lazy cache made just now
-            for codec, layer, before in zip(self.codecs, cache.layers, held):
-                codec.unpad(layer, before, added, padding)
+            self._unpad(cache, held, added, padding)
         return list(out.logits[0])
 
     def _padding(self, rows: int) -> int:

@@ -172,8 +172,7 @@ class Batcher:
             except BaseException as e:  # noqa: BLE001 - handed to every generation in the batch
                 results = [(None, e)] * len(batch)
             with self._cond:
-                alone = sum(not self.runner.packs(step) for _, step in batch) if len(batch) > 1 else 1
-                self.forwards += alone + (alone < len(batch))
+                self.forwards += self.runner.forward_calls([step for _, step in batch])
                 self.stepped_rows += len(batch)
                 if self._observe is not None:
                     self._observe(len(batch))
