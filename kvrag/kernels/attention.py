@@ -19,6 +19,9 @@ two parts differ in the last bits. This kernel calls the same flash kernel (torc
   otherwise than the same rows in a full block; `tests/unit/test_invariant.py` tries the counts),
   each chunk attending to the whole key blocks its rows can see (so a long read does not
   weigh every key for every row);
+- a single query row (a decoding step) would be a chunk of that row repeated; instead the query
+  heads that share a key head are the rows of one chunk (zeros after them): the same block shape,
+  so the same bits, in one block per key head instead of one per query head;
 - a first read of a prompt (no cache, plain causal mask) is one causal call on the padded layout:
   the flash kernel skips the blocks past each row itself, and the blocks it does weigh are the ones
   above.
@@ -111,6 +114,8 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
 
     plan = _plan(attention_mask, kwargs.get("position_ids"), batch, q_len, kv_len, q_start, k_start, query)
     keys, values = _pad(key, plan.k_front, plan.k_total), _pad(value, plan.k_front, plan.k_total)
+    if q_len == 1 and heads // key.shape[1] <= MIN_QUERY_ROWS:
+        return _one_row(query, keys, values, plan.chunks[0], scaling)
     out = query.new_empty((batch, heads, q_len, head_dim))
     for first, end, rows, lo, hi, mask in plan.chunks:
         part = _sdpa(query[:, :, rows], keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=mask, scale=scaling,
@@ -135,7 +140,6 @@ class Packing:
         self.spans = list(spans)
         self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._positions: list[torch.Tensor] | None = None
-        self._lasts: list[int] = []
 
     def hold(self, layer_idx: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self._held[layer_idx] = keys_values
@@ -146,27 +150,24 @@ class Packing:
         position_ids = kwargs.pop("position_ids")
         if self._positions is None:  # one tensor per sequence for every layer: its plan is made once
             self._positions = [position_ids[..., a:b] for a, b in self.spans]
-            self._lasts = [int(positions.reshape(-1)[-1]) for positions in self._positions]
-        parts = [_one_row(query[:, :, a:b], key, value, scaling, softcap, positions, last) if b - a == 1 < key.shape[-2]
-                 else _attention(module, query[:, :, a:b], key, value, None, scaling, softcap,
-                                 {**kwargs, "position_ids": positions})
-                 for (a, b), (key, value), positions, last in zip(self.spans, held, self._positions, self._lasts)]
+        parts = [_attention(module, query[:, :, a:b], key, value, None, scaling, softcap, {**kwargs, "position_ids": positions})
+                 for (a, b), (key, value), positions in zip(self.spans, held, self._positions)]
         return torch.cat(parts, dim=1)
 
 
-def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
-             softcap: float | None, positions: torch.Tensor, last: int) -> torch.Tensor:
-    """`_attention` for one query row at absolute position `last` after a cache (a decoding step):
-    the same plan and sdpa call, with fewer copies around it; [b, 1, h, d]."""
-    _refuse_softcap(softcap)
-    kv_len = key.shape[-2]
-    k_start = max(0, last - kv_len + 1)
-    plan = _plan(None, positions, query.shape[0], 1, kv_len, last, k_start, query)
-    keys, values = _pad(key, plan.k_front, plan.k_total), _pad(value, plan.k_front, plan.k_total)
-    _, _, rows, lo, hi, mask = plan.chunks[0]
-    part = _sdpa(query.expand(-1, -1, rows.numel(), -1).contiguous(), keys[:, :, lo:hi], values[:, :, lo:hi],
-                 attn_mask=mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
-    return part[:, :, :1].transpose(1, 2)
+def _one_row(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, chunk: tuple[Any, ...],
+             scaling: float | None) -> torch.Tensor:
+    """One query row's attention (a decoding step), [b, 1, h, d]. Its chunk is that row repeated
+    to `MIN_QUERY_ROWS` rows under one mask row; here the query heads that share a key head are
+    those rows instead, padded with zeros (a row's bits depend on how many rows its block holds,
+    not on what they hold), so one block per key head computes what a block per query head did."""
+    batch, heads, _, head_dim = query.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    _, _, rows, lo, hi, mask = chunk
+    grouped = torch.nn.functional.pad(query.reshape(batch, kv_heads, group, head_dim), (0, 0, 0, rows.numel() - group))
+    out = _sdpa(grouped, keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=mask, scale=scaling)
+    return out[:, :, :group].reshape(batch, 1, heads, head_dim)
 
 
 #: the packed forward under way on this thread, if any

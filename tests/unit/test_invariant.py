@@ -237,7 +237,7 @@ def test_a_model_made_under_inference_mode_can_be_made_invariant():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 1, 256), (4, 2, 16)])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 1, 256), (4, 2, 16), (34, 2, 16)])
 def test_an_attention_row_has_the_same_bits_however_the_prompt_is_split(heads, kv_heads, head_dim, dtype):
     """One call over 1,100 positions against the same positions read as a document, a chain of
     parts and short questions after it, each part attending to the keys before it."""
