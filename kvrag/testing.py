@@ -13,6 +13,7 @@ runs `kvrag serve` as its own process on a free port (waiting for `/health`), fo
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import random
 import shutil
@@ -201,22 +202,38 @@ class KVRagServer:
         self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
                                         env={**os.environ, "HF_HUB_OFFLINE": "1", **self.env})
         deadline = time.monotonic() + timeout
-        while not self.healthy():
+        ready: set[int] = set()
+        # workers share the port and load their models one by one: wait until each has said it is ready
+        while len(ready) < self.workers:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop(kill=True)
                 tail = self.log.read_text()[-2000:] if self.log and self.log.exists() else ""
                 raise RuntimeError(f"kvrag serve on {self.port} did not become healthy: {tail}")
-            time.sleep(0.2)
+            worker = self.healthy_worker()
+            if worker is None:
+                time.sleep(0.2)
+            else:
+                ready.add(worker)
         return self
 
+    @property
+    def workers(self) -> int:
+        """How many worker processes `args` asks for."""
+        args = list(self.args)
+        return int(args[args.index("--workers") + 1]) if "--workers" in args[:-1] else 1
+
     def healthy(self) -> bool:
+        return self.healthy_worker() is not None
+
+    def healthy_worker(self) -> int | None:
+        """The process id of the worker that answered `/health` with 200, if one did."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             with urllib.request.urlopen(urllib.request.Request(self.base + "/health", headers=headers),
                                         timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError, http.client.HTTPException):  # any non-HTTP answer: not yet
-            return False
+                return int(json.loads(response.read()).get("worker", 0)) if response.status == 200 else None
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):  # not yet
+            return None
 
     def stop(self, *, kill: bool = False, timeout: float = 60) -> int | None:
         """SIGTERM (graceful: requests in flight finish) or SIGKILL; the exit status."""

@@ -348,3 +348,16 @@ def test_sigterm_finishes_the_stream_in_flight(tmp_path):
         assert not server.healthy()
     finally:
         server.stop(kill=True)
+
+
+def test_a_started_server_has_every_worker_ready(tmp_path):
+    """Workers load their models one by one behind one port; `KVRagServer.start` returns once each
+    has answered `/health`, so no request right after it meets a worker still loading (a 503)."""
+    server = KVRagServer(MODEL, "memory://", ("--workers", "2"), log=tmp_path / "serve.log").start()
+    try:
+        with httpx.Client(timeout=30) as h:
+            answers = [h.get(server.base + "/health", headers={"Connection": "close"}) for _ in range(12)]
+        assert [r.status_code for r in answers] == [200] * 12
+        assert server.workers == 2
+    finally:
+        server.stop(kill=True)
