@@ -98,7 +98,9 @@ def invariant_attention(
 def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, scaling: float | None, softcap: float | None,
                kwargs: dict[str, Any]) -> torch.Tensor:
-    _refuse_softcap(softcap)
+    if softcap is not None:
+        raise ModelError("the invariant kernel has no attention logit soft-capping (Gemma 2); load the model "
+                         "with attn='sdpa'")
     batch, heads, q_len, head_dim = query.shape
     kv_len = key.shape[-2]
     gqa = heads != key.shape[1]
@@ -124,12 +126,6 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
     return out.transpose(1, 2).contiguous()
 
 
-def _refuse_softcap(softcap: float | None) -> None:
-    if softcap is not None:
-        raise ModelError("the invariant kernel has no attention logit soft-capping (Gemma 2); load the model "
-                         "with attn='sdpa'")
-
-
 class Packing:
     """One forward call over several sequences' rows side by side (`spans`: each sequence's rows in
     the call), each attending only over its own keys at its own positions. A packing cache hands
@@ -150,7 +146,8 @@ class Packing:
         position_ids = kwargs.pop("position_ids")
         if self._positions is None:  # one tensor per sequence for every layer: its plan is made once
             self._positions = [position_ids[..., a:b] for a, b in self.spans]
-        parts = [_attention(module, query[:, :, a:b], key, value, None, scaling, softcap, {**kwargs, "position_ids": positions})
+        parts = [_attention(module, query[:, :, a:b], key, value, None, scaling, softcap,
+                            {**kwargs, "position_ids": positions})
                  for (a, b), (key, value), positions in zip(self.spans, held, self._positions)]
         return torch.cat(parts, dim=1)
 
