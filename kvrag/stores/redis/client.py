@@ -44,14 +44,16 @@ _STATE_FROM_KEY = re.compile(r"\{([0-9a-f]{64})\}")
 def _redis_errors() -> tuple[type[BaseException], ...]:
     import redis
 
-    return (redis.exceptions.RedisError, OSError)
+    # a cluster client's own failures (no node reachable, slot not covered) are not RedisErrors
+    return (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
 def _unreachable_errors() -> tuple[type[BaseException], ...]:
     """Failures that say the server cannot be reached in time (they open the breaker)."""
     import redis
 
-    return (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError, OSError)
+    return (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.RedisClusterUnreachableError,
+            OSError)
 
 
 class RedisStore(StateStore, BlobStore):
