@@ -14,8 +14,8 @@
     │   │   │                       not parse
     │   │   └── SignatureError      unsigned, or signed with another key            reason "signature"
     │   ├── ForeignStateError       another model, hardware, chain or position     reason "foreign"
-    │   └── StoreUnavailableError   a tier failed while the state was read         reason "unavailable"
-    │       │                       (also a StoreError)
+    │   └── StoreUnavailableError   a tier is down: unreachable, timed out, or its reason "unavailable"
+    │       │                       breaker open (also a StoreError; reported once per outage)
     │       └── StoreTimeoutError   the question's deadline for store reads passed
     ├── StreamFailedError           a streamed state failed after its graft began; the engine reads
     │                               the continuation again without streaming (never a StateError)
@@ -128,7 +128,9 @@ class StoreError(KVRagError):
 
 
 class StoreUnavailableError(StoreError, StateError):
-    """A tier failed while a state was read from it; the engine moves on to the next tier or the text."""
+    """A tier is down (it cannot be reached, timed out, or its breaker is open): a read moves on to
+    the next tier or the text, a write is skipped. The outage was already reported, once
+    (`kvrag.stores.outages`): whoever catches this need not warn again."""
 
     reason: Reason = "unavailable"
 

@@ -127,20 +127,25 @@ class RedisServer:
 
 @dataclass
 class RedisCluster:
+    """A cluster of `count` masters; its ports (and `url`) are chosen when it is made, so a client
+    can be pointed at it before it starts."""
+
     folder: Path
+    count: int = 3
     masters: list[RedisServer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+                 "--appendonly", "yes")
+        self.masters = self.masters or [RedisServer(self.folder / f"node{i}", extra=extra) for i in range(self.count)]
 
     @property
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{m.port}" for m in self.masters)
 
-    def start(self, count: int = 3) -> "RedisCluster":
-        for i in range(count):
-            node_dir = self.folder / f"node{i}"
-            server = RedisServer(node_dir)
-            server.extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                            "--cluster-node-timeout", "2000", "--appendonly", "yes")
-            self.masters.append(server.start())
+    def start(self) -> "RedisCluster":
+        for server in self.masters:
+            server.start()
         subprocess.run([REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{m.port}" for m in self.masters],
                         "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
         self.wait_ok()

@@ -38,6 +38,7 @@ from kvrag.core.schedule import Segment
 from kvrag.errors import KVRagError
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS, StateStore
 from kvrag.stores.deadline import Deadline, bounded
+from kvrag.stores.outages import log_failure
 from kvrag.trust.confidential import open_manifest
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
@@ -122,7 +123,7 @@ class Whereabouts:
             if not self.records.confidential:
                 self._add_mark(segment.text)
         except KVRagError as e:
-            log.warning("could not note where state %s is: %s", segment.key[:12], e)
+            log_failure(log, "could not note where state %s is: %s", segment.key[:12], e, error=e)
 
     @staticmethod
     def hint_slot(text: str) -> str:

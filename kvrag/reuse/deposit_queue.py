@@ -33,6 +33,7 @@ from typing import Callable, Collection, Iterator, Sequence
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.schedule import Segment
 from kvrag.errors import KVRagError
+from kvrag.stores.outages import log_failure
 
 __all__ = ["DepositQueue", "DepositStats", "deposit_after"]
 
@@ -198,7 +199,7 @@ class DepositQueue:
             self.stats.deposited += 1
         except KVRagError as e:  # the answer stands; the next reading as text asks again
             self.stats.failed += 1
-            log.warning("answered, but could not deposit %s afterwards: %s", job.what, e)
+            log_failure(log, "answered, but could not deposit %s afterwards: %s", job.what, e, error=e)
         except Exception:  # a worker outlives any one deposit
             self.stats.failed += 1
             log.exception("answered, but depositing %s afterwards failed", job.what)
@@ -238,7 +239,7 @@ def deposit_after(answer: GenerationStream, segments: Callable[[Generation], Seq
             else:
                 deposit(chain)
         except KVRagError as e:
-            log.warning("answered, but could not deposit %s afterwards: %s", what, e)
+            log_failure(log, "answered, but could not deposit %s afterwards: %s", what, e, error=e)
         return generation
 
     return GenerationStream(steps())

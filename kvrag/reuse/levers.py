@@ -32,6 +32,7 @@ from kvrag.core.protocol import Engine
 from kvrag.core.schedule import StateRef
 from kvrag.errors import ContextTooLongError, KVRagError
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS
+from kvrag.stores.outages import log_failure
 from kvrag.trust.confidential import open_manifest
 
 __all__ = ["stored_prefix_first", "canonical_order", "reorder", "CorpusChain", "ChainWarmer", "MAX_ORDER_CHECKS"]
@@ -152,7 +153,7 @@ class ChainWarmer:
             try:
                 refs = self.engine.deposit_chain(list(pair))
             except KVRagError as e:  # a warm-up never fails an answer
-                log.warning("could not warm a chain: %s", e)
+                log_failure(log, "could not warm a chain: %s", e, error=e)
                 continue
             self.deposited_bytes += sum(self._bytes(r) for r in refs)
             self.deposited_chains += 1

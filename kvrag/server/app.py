@@ -196,4 +196,7 @@ def _routes(app: FastAPI, state: AppState) -> None:
 def app_from_environment() -> FastAPI:
     """uvicorn's factory in each worker process: the settings come from `KVRAG_SERVE_SETTINGS`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    kvrag_log = logging.getLogger("kvrag")
+    for handler in [h for h in kvrag_log.handlers if getattr(h, "kvrag_cli", False)]:
+        kvrag_log.removeHandler(handler)  # the server's own lines say it once, with the time
     return create_app(ServeSettings.model_validate_json(os.environ.get(SETTINGS_ENV, "{}")))

@@ -26,6 +26,7 @@ from kvrag.errors import (
     StoreTimeoutError,
     StoreUnavailableError,
 )
+from kvrag.stores import outages
 from kvrag.stores.deadline import Breaker, Deadline, bounded
 
 __all__ = ["StateStore", "BlobStore", "StoredState", "Acceptance", "Accepted", "ManifestAcceptance", "PayloadChunking", "Found", "check_key", "check_blob_name",
@@ -124,7 +125,9 @@ class Guarded:
     def breaker(self) -> Breaker:
         """This tier's breaker: open after a read timed out or the tier could not be reached."""
         if "_breaker" not in self.__dict__:
-            self.__dict__["_breaker"] = self.make_breaker()
+            breaker = self.make_breaker()
+            breaker.name = breaker.name or getattr(self, "url", "")
+            self.__dict__["_breaker"] = breaker
         return self.__dict__["_breaker"]
 
     def make_breaker(self) -> Breaker:
@@ -140,7 +143,7 @@ class Guarded:
             raise StoreTimeoutError(f"{what}: the question's {deadline.seconds:g} s for store reads was spent",
                                     tier=self.url)
         try:
-            return bounded(fn, deadline, what)
+            result = bounded(fn, deadline, what)
         except StoreTimeoutError as e:
             self.breaker.trip(f"timed out at {time.strftime('%H:%M:%S')}: {e}")
             e.located(tier=self.url)
@@ -152,6 +155,8 @@ class Guarded:
         except StoreError as e:
             self.breaker.trip(f"failed at {time.strftime('%H:%M:%S')}: {e}")
             raise StoreUnavailableError(str(e), tier=self.url) from e
+        outages.answered(self.url)
+        return result
 
 
 class StateStore(Guarded, ABC):

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Callable, TypeVar
 
 from kvrag.errors import StoreTimeoutError
+from kvrag.stores import outages
 
 __all__ = ["Deadline", "Breaker", "DEFAULT_DEADLINE_S", "BREAKER_COOLDOWN_S", "BREAKER_PROBE_S", "BREAKER_PROBE_WAIT_S",
            "bounded", "submit_read"]
@@ -59,7 +60,10 @@ class Breaker:
     cool-down. A slow probe never holds a caller longer than that wait (it finishes on its own)."""
 
     def __init__(self, cooldown_s: float = BREAKER_COOLDOWN_S, *, probe: Callable[[], bool] | None = None,
-                 probe_interval_s: float = BREAKER_PROBE_S, probe_wait_s: float = BREAKER_PROBE_WAIT_S) -> None:
+                 probe_interval_s: float = BREAKER_PROBE_S, probe_wait_s: float = BREAKER_PROBE_WAIT_S,
+                 name: str = "") -> None:
+        #: the tier's URL: a trip reports its outage (once), a probe that passes its return
+        self.name = name
         self.cooldown_s = cooldown_s
         self.probe = probe
         self.probe_interval_s = probe_interval_s
@@ -104,9 +108,13 @@ class Breaker:
     def trip(self, why: str) -> None:
         now = time.monotonic()
         self.open_until, self.next_probe, self.why = now + self.cooldown_s, now + self.probe_interval_s, why
+        if self.name:
+            outages.went_down(self.name, why)
 
     def close(self) -> None:
         self.open_until = 0.0
+        if self.name:
+            outages.answered(self.name)
 
     def __repr__(self) -> str:
         state = "closed" if time.monotonic() >= self.open_until else f"open ({self.why})"

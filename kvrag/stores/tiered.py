@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator, Literal, Sequence, TypeVar
 
-from kvrag.errors import StateError, StateNotFoundError, StoreError
+from kvrag.errors import StateError, StateNotFoundError, StoreError, StoreUnavailableError
 from kvrag.stores.base import Acceptance, BlobStore, Found, ManifestAcceptance, StateStore, StoredState, check_blob_name
 from kvrag.stores.deadline import Deadline
+from kvrag.stores.outages import log_failure, part_of_an_outage, went_down
 
 __all__ = ["TieredStore"]
 
@@ -35,8 +36,6 @@ class TieredStore(StateStore, BlobStore):
         self.namespace = namespaces.pop()
         self.confidential = any(t.confidential for t in self._tiers)  # one confidential tier: every write is
         self.chunk_bytes = min(t.chunk_bytes for t in self._tiers)
-        #: tiers whose failure was already reported: an outage is one warning, not one per read
-        self._reported: set[str] = set()
 
     @property
     def tiers(self) -> list[StateStore]:
@@ -97,22 +96,22 @@ class TieredStore(StateStore, BlobStore):
             try:
                 tier.put(key, stored.manifest, data)
             except StoreError as e:
-                log.warning("could not promote state %s into %s: %s", key[:12], tier.url, e)
+                log_failure(log, "could not promote state %s into %s: %s", key[:12], tier.url, e, error=e)
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         targets = self.tiers if self.write == "all" else self.tiers[:1]
-        errors = []
+        errors: list[StoreError] = []
         for tier in targets:
             if tier.breaker.is_open:  # it just timed out or failed: do not wait on it again
-                errors.append(f"{tier.url} skipped: {tier.breaker.why}")
+                errors.append(StoreUnavailableError(f"{tier.url} skipped: {tier.breaker.why}", tier=tier.url))
                 continue
             try:
                 tier.put(key, manifest, payload)
             except StoreError as e:
                 self.report_failure(tier, e)
-                errors.append(str(e))
+                errors.append(e)
         if len(errors) == len(targets):
-            raise StoreError(f"state {key[:12]} was written to no tier: {'; '.join(errors)}")
+            raise _written_nowhere(f"state {key[:12]}", errors)
 
     def delete(self, key: str) -> None:
         for tier in self.tiers:
@@ -141,7 +140,6 @@ class TieredStore(StateStore, BlobStore):
             except StoreError as e:
                 self.report_failure(tier, e)
                 continue
-            self._reported.discard(tier.url)
             if data is not None:
                 for hotter in self.tiers[:index]:
                     if hotter.breaker.is_open:
@@ -155,14 +153,15 @@ class TieredStore(StateStore, BlobStore):
 
     def put_blob(self, name: str, data: bytes, *, ttl: int | None = None) -> None:
         targets = self.tiers if self.write == "all" else self.tiers[:1]
-        errors = []
+        errors: list[StoreError] = []
         for tier in targets:
             try:
                 tier.put_blob(name, data, ttl=ttl)
             except StoreError as e:
-                errors.append(str(e))
+                self.report_failure(tier, e)
+                errors.append(e)
         if len(errors) == len(targets):
-            raise StoreError(f"{name} was written to no tier: {'; '.join(errors)}")
+            raise _written_nowhere(name, errors)
 
     def delete_blob(self, name: str) -> None:
         for tier in self.tiers:
@@ -183,15 +182,18 @@ class TieredStore(StateStore, BlobStore):
                 log.warning("cannot list %s: %s", tier.url, e)
 
     def report_failure(self, tier: StateStore, error: StoreError) -> None:
-        """Warn once that `tier` failed (until it answers again), saying what that costs."""
-        if tier.url in self._reported:
-            log.debug("%s still failing: %s", tier.url, error)
-            return
-        self._reported.add(tier.url)
-        log.warning("%s failed (%s): states are read from the other tiers, and what none holds is read as text",
-                    tier.url, " ".join(str(error).split())[:300])
+        """Warn once that `tier` failed, until it answers again (see `kvrag.stores.outages`); an
+        outage its breaker already reported is not reported again."""
+        if not part_of_an_outage(error):
+            went_down(tier.url, str(error))
 
     def close(self) -> None:
         for tier in self.tiers:
             tier.close()
+
+
+def _written_nowhere(what: str, errors: list[StoreError]) -> StoreError:
+    """The error for a write no tier took: `StoreUnavailableError` when every tier was down."""
+    kind = StoreUnavailableError if all(part_of_an_outage(e) for e in errors) else StoreError
+    return kind(f"{what} was written to no tier: {'; '.join(str(e) for e in errors)}")
 

@@ -12,6 +12,7 @@ from typing import Iterator
 from kvrag.errors import SignatureError, StoreError
 from kvrag.stores import BlobStore
 from kvrag.stores.deadline import Deadline
+from kvrag.stores.outages import log_failure
 from kvrag.trust.confidential import encrypt_record, is_private_record, open_record
 from kvrag.trust.signing import seal, unseal
 
@@ -41,7 +42,7 @@ class SealedRecords:
         except SignatureError as e:
             log.warning("refused record: %s", e)
         except StoreError as e:
-            log.warning("could not read %s: %s", name, e)
+            log_failure(log, "could not read %s: %s", name, e, error=e)
         return None
 
     def put(self, name: str, body: bytes, *, ttl: int | None = None) -> None:

@@ -5,8 +5,9 @@ memo entry, edit a cache line. So kvrag signs by default. The key is `KVEngine(s
 else `KVRAG_SIGNING_KEY`, else the file `KVRAG_SIGNING_KEY_FILE` names, else a random per-user key
 created once in kvrag's home folder (owner-only permissions). Keys are part of every state's
 address, so machines that share a store must share a key: the same `KVRAG_SIGNING_KEY`, or a copy
-of one key file (`--signing-key-file`). An engine on a shared store (Redis) whose key was generated
-on this machine warns at start-up (`warn_if_unshared`). An empty key is an error, never "no signing".
+of one key file (`--signing-key-file`). An engine on a store other machines can reach (a Redis
+on a host other than loopback) whose key was generated on this machine warns at start-up
+(`warn_if_unshared`). An empty key is an error, never "no signing".
 
 - State manifests carry a `signature`: a MAC over the manifest's stored bytes with that field
   `null` (the manifest commits to the payload's chunk digests, so the payload is covered too). It
@@ -23,16 +24,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import re
 import secrets
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kvrag.artifacts.format import StateManifest
 from kvrag.errors import InputError, SignatureError
 from kvrag.paths import kvrag_home
+from kvrag.stores.outages import public_url
 
 __all__ = ["KEY_ENV", "KEY_FILE_ENV", "resolve_signing_key", "read_key_file", "default_key_path", "generated_here", "warn_if_unshared",
            "sign_manifest", "sign_manifest_bytes", "check_manifest_bytes", "mac", "seal", "unseal",
@@ -73,10 +77,34 @@ def _uses_default_key(key: bytes | str | None) -> bool:
     return key is None and os.environ.get(KEY_ENV) is None and not os.environ.get(KEY_FILE_ENV)
 
 
+def _reachable_from_elsewhere(url: str) -> bool:
+    """Whether other machines can reach the store at `url`: a Redis URL naming a host other than
+    this machine's loopback (a Redis on 127.0.0.1 or localhost serves this machine only)."""
+    if not url.startswith(_SHARED_SCHEMES):
+        return False
+    netloc = urlsplit(url.split("?", 1)[0]).netloc.rsplit("@", 1)[-1]
+    for item in netloc.split(","):
+        try:
+            host = urlsplit("//" + item).hostname or ""
+        except ValueError:  # not a host we can read: it may be anywhere
+            return True
+        if host != "localhost" and not _is_loopback(host):
+            return True
+    return False
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def warn_if_unshared(key: bytes | str | None, store_urls: list[str]) -> str | None:
     """Warn (once per store) when `key` resolves to a key generated on this machine and a store is
-    one other machines reach: they would neither see nor graft its states. Returns the warning."""
-    shared = [url for url in store_urls if url.startswith(_SHARED_SCHEMES)]
+    one other machines reach (a Redis on another host than this one's loopback): they would
+    neither see nor graft its states. Returns the warning."""
+    shared = [public_url(url) for url in store_urls if _reachable_from_elsewhere(url)]
     if not shared or not _uses_default_key(key) or not generated_here():
         return None
     path = default_key_path()

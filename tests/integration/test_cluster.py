@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pytest
 
 from kvrag import KVEngine, MemoryStore
 from kvrag.data import long_document
+from kvrag.testing import KVRagServer, RedisCluster
 
 from ..conftest import DOC_A, QUESTION, tiny
 
@@ -43,3 +47,71 @@ def test_a_state_larger_than_100_mb_through_the_cluster(redis_cluster, smollm2):
     text = engine.generate("Who built the lighthouse?", states=[ref], max_new_tokens=3, graft=False)
     assert graft.receipt.mode == "exact-graft"
     assert graft.receipt.first_token_logits_sha256 == text.receipt.first_token_logits_sha256
+
+
+def _until_grafted(ask, seconds: float = 30.0):
+    """`ask()` again until its answer grafts (or `seconds` pass): a cluster forming takes a moment."""
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = ask()
+        if _mode(answer) == "exact-graft" or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.2)
+
+
+def _mode(answer) -> str:
+    return answer.receipt.mode if hasattr(answer, "receipt") else answer.model_extra["kvrag_receipt"]["mode"]
+
+
+def test_a_cluster_down_at_start_answers_by_text_then_grafts_once_it_is_up(tmp_path, caplog):
+    cluster = RedisCluster(tmp_path / "later")
+    engine = KVEngine(tiny("qwen2"), cluster.url)  # nothing listens yet: it starts all the same
+    reference = KVEngine(tiny("qwen2"), MemoryStore()).generate(QUESTION, states=[DOC_A], max_new_tokens=4, graft=False)
+    with caplog.at_level(logging.WARNING, logger="kvrag"):
+        for _ in range(3):
+            down = engine.generate(QUESTION, states=[DOC_A], max_new_tokens=4, deposit_missing=True)
+            assert down.receipt.mode == "text-prefill" and down.receipt.states[0].reason == "unavailable"
+            assert down.receipt.first_token_logits_sha256 == reference.receipt.first_token_logits_sha256
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "is unavailable" in warned[0], warned
+    cluster.start()
+    try:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="kvrag"):
+            answer = _until_grafted(lambda: engine.generate(QUESTION, states=[DOC_A], max_new_tokens=4,
+                                                            deposit_missing=True))
+        assert answer.receipt.mode == "exact-graft" and answer.receipt.states[0].tier.startswith("redis+cluster://")
+        assert answer.receipt.first_token_logits_sha256 == reference.receipt.first_token_logits_sha256
+        assert "answers again" in caplog.text
+    finally:
+        cluster.stop()
+
+
+def test_serve_started_with_the_cluster_down_answers_by_text_then_grafts(tmp_path):
+    import openai
+
+    cluster = RedisCluster(tmp_path / "later")
+    log = tmp_path / "serve.log"
+    # no hot tier in the worker: every graft is read from the cluster
+    server = KVRagServer("tiny-random-qwen2", cluster.url, ("--hot-mib", "0"), log=log).start()
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+
+        def ask():
+            return client.chat.completions.create(
+                model="tiny-random-qwen2", messages=[{"role": "user", "content": QUESTION}], max_tokens=4,
+                extra_body={"kvrag": {"documents": [DOC_A], "memo": False}})
+
+        down = [ask() for _ in range(3)]
+        assert {_mode(a) for a in down} == {"text-prefill"}
+        assert log.read_text().count("is unavailable") == 1
+        cluster.start()
+        answer = _until_grafted(ask)
+        assert _mode(answer) == "exact-graft"
+        assert answer.model_extra["kvrag_receipt"]["states"][0]["tier"].startswith("redis+cluster://")
+        assert answer.choices[0].message.content == down[0].choices[0].message.content
+        assert answer.model_extra["kvrag_receipt"]["first_token_logits_sha256"] == \
+            down[0].model_extra["kvrag_receipt"]["first_token_logits_sha256"]
+    finally:
+        server.stop(kill=True)
+        cluster.stop()

@@ -40,18 +40,24 @@ def machines(tmp_path, monkeypatch):
 def test_separately_generated_keys_on_one_redis_warn_and_name_the_cause(redis_server, machines, caplog, tmp_path):
     model = tiny("llama")
     machines("a")
+    elsewhere = "redis://:hunter2@redis.fleet.internal:6379/0"  # another host: made without a connection
     with caplog.at_level(logging.WARNING, logger="kvrag"):
-        a = KVEngine(model, redis_server.url)
-    assert "generated on this machine" in caplog.text and redis_server.url in caplog.text
-    assert "--signing-key-file" in caplog.text
+        KVEngine(model, elsewhere)
+    assert "generated on this machine" in caplog.text and "redis://redis.fleet.internal:6379/0" in caplog.text
+    assert "--signing-key-file" in caplog.text and "hunter2" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kvrag"):
+        a = KVEngine(model, redis_server.url)  # a Redis on loopback serves this machine only
+    assert "generated on this machine" not in caplog.text
     ref = a.deposit(DOC_A)
     a_key = signing.default_key_path().read_bytes().strip()
 
     machines("b")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="kvrag"):
-        b = KVEngine(model, redis_server.url)
+        KVEngine(model, elsewhere)
     assert "will neither see nor graft" in caplog.text
+    b = KVEngine(model, redis_server.url)
     answer = b.generate(QUESTION, states=[DOC_A], max_new_tokens=2, deposit_missing=False)
     (use,) = answer.receipt.states
     assert answer.receipt.mode == "text-prefill" and use.reason == "missing"
@@ -105,8 +111,21 @@ def test_a_key_copied_from_another_host_does_not_warn_and_local_stores_never_do(
         KVEngine(tiny("llama"), f"disk://{tmp_path / 'states'}")
         KVEngine(tiny("llama"), "memory://")
     assert "generated on this machine" not in caplog.text
+    for loopback in ("redis://127.0.0.1:1/0", "redis://localhost:6379", "rediss://[::1]:6380/0",
+                     "redis+cluster://127.0.0.1:7000,127.0.0.2:7001"):
+        assert signing.warn_if_unshared(None, [loopback]) is None
+    assert signing.warn_if_unshared(None, ["redis+cluster://127.0.0.1:7000,10.0.0.2:7001"]) is not None
     (tmp_path / "c" / "signing.key.origin").write_text("another-host\n")
-    assert signing.warn_if_unshared(None, ["redis://127.0.0.1:1/0"]) is None
+    assert signing.warn_if_unshared(None, ["redis://10.0.0.2:1/0"]) is None
+
+
+def test_naming_this_machines_own_key_file_silences_the_warning(machines, monkeypatch):
+    machines("d")
+    signing.resolve_signing_key()  # generated here
+    assert signing.warn_if_unshared(None, ["redis://10.0.0.2:6379/0"]) is not None
+    signing._warned.clear()
+    monkeypatch.setenv(signing.KEY_FILE_ENV, str(signing.default_key_path()))
+    assert signing.warn_if_unshared(None, ["redis://10.0.0.2:6379/0"]) is None
 
 
 def test_a_forged_or_oversized_hint_changes_only_the_sentence(redis_server, machines):

@@ -13,13 +13,15 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Any, Callable, Iterator
 
 from kvrag.artifacts.digests import stored_form
 from kvrag.artifacts.format import parse_manifest
-from kvrag.errors import IntegrityError, RedirectError, StoreError
+from kvrag.errors import IntegrityError, RedirectError, StoreError, StoreUnavailableError
 from kvrag.stores.base import BlobStore, ManifestAcceptance, StateStore, StoredState, check_blob_name, check_key
 from kvrag.stores.deadline import Breaker
+from kvrag.stores.outages import answered, public_url
 from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameTable, make_frame_table, parse_frame_table
 from kvrag.stores.redis.wire import FramePool
 
@@ -41,19 +43,23 @@ def _lanes() -> ThreadPoolExecutor:
 _STATE_FROM_KEY = re.compile(r"\{([0-9a-f]{64})\}")
 
 
+@lru_cache(maxsize=1)
 def _redis_errors() -> tuple[type[BaseException], ...]:
+    """Every exception redis-py defines (a cluster client's own failures are not all `RedisError`s),
+    and the socket's: none of them leaves a store call but as a kvrag error."""
     import redis
 
-    # a cluster client's own failures (no node reachable, slot not covered) are not RedisErrors
-    return (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
+    defined = (value for value in vars(redis.exceptions).values() if isinstance(value, type))
+    return (*(kind for kind in defined if issubclass(kind, Exception) and kind.__module__.startswith("redis")), OSError)
 
 
 def _unreachable_errors() -> tuple[type[BaseException], ...]:
-    """Failures that say the server cannot be reached in time (they open the breaker)."""
+    """Failures that say the server or cluster cannot serve now (they open the breaker)."""
     import redis
 
-    return (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.RedisClusterUnreachableError,
-            OSError)
+    # every RedisClusterException and ClusterError: no node answered, or none serves the slot yet
+    return (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.RedisClusterException,
+            redis.exceptions.ClusterError, OSError)
 
 
 class RedisStore(StateStore, BlobStore):
@@ -94,16 +100,31 @@ class RedisStore(StateStore, BlobStore):
         self._probe = probe
 
     def make_breaker(self) -> Breaker:
-        return Breaker(probe=self._probe)
+        return Breaker(probe=self._probe, name=self.url)
 
     @property
     def client(self) -> Any:
+        """The redis-py client, made on first use (a cluster's asks its nodes for the slot map)."""
         if self._client is None:
             try:
                 self._client = self._client_factory()
-            except (*_redis_errors(), ValueError) as e:
-                raise StoreError(f"cannot connect to {self.url}: {e}") from e
+            except _redis_errors() as e:
+                raise self._failure("connecting", e) from e
+            except ValueError as e:
+                raise StoreError(f"cannot connect to {public_url(self.url)}: {e}") from e
         return self._client
+
+    def _failure(self, what: str, e: BaseException) -> StoreError:
+        """The kvrag error for a redis-py failure: one that says the server cannot be reached opens
+        the breaker (reporting the outage once) and is a `StoreUnavailableError`."""
+        message = f"{what} failed on {public_url(self.url)}: {type(e).__name__}: {e}"
+        if isinstance(e, _unreachable_errors()):
+            self.breaker.trip(f"{type(e).__name__} at {time.strftime('%H:%M:%S')}")
+            return StoreUnavailableError(message, tier=self.url)
+        return StoreError(message)
+
+    def _skipped(self, what: str) -> StoreUnavailableError:
+        return StoreUnavailableError(f"{what} skipped on {public_url(self.url)}: {self.breaker.why}", tier=self.url)
 
     def _mkey(self, key: str) -> str:
         return f"{self.prefix}:{{{check_key(key)}}}:m"
@@ -114,13 +135,13 @@ class RedisStore(StateStore, BlobStore):
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """One round trip; while the breaker is open (the server just timed out or failed), none."""
         if self.breaker.is_open:
-            raise StoreError(f"{what} skipped on {self.url}: {self.breaker.why}")
+            raise self._skipped(what)
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except _redis_errors() as e:
-            if isinstance(e, _unreachable_errors()):
-                self.breaker.trip(f"{type(e).__name__} at {time.strftime('%H:%M:%S')}")
-            raise StoreError(f"{what} failed on {self.url}: {type(e).__name__}: {e}") from e
+            raise self._failure(what, e) from e
+        answered(self.url)
+        return result
 
     def get_frame_table(self, key: str) -> FrameTable | None:
         raw = self._call("GET", lambda: self.client.get(self._mkey(key)))
@@ -179,7 +200,7 @@ class RedisStore(StateStore, BlobStore):
         assert self.frame_pool is not None
         pool = self.frame_pool
         if self.breaker.is_open:
-            raise StoreError(f"GET frames skipped on {self.url}: {self.breaker.why}")
+            raise self._skipped("GET frames")
         host, port = self._node_of(keys[0])
         lanes = min(self.connections, len(keys))
 
@@ -210,7 +231,7 @@ class RedisStore(StateStore, BlobStore):
                 raise
             except StoreError as e:
                 self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")
-                raise
+                raise StoreUnavailableError(str(e), tier=self.url) from e
             finally:
                 (pool.give(host, port, connection) if healthy else connection.close())
 
@@ -264,11 +285,13 @@ class RedisStore(StateStore, BlobStore):
         self._call("DEL", remove)
 
     def _scan(self, pattern: str) -> Iterator[str]:
+        if self.breaker.is_open:
+            raise self._skipped("SCAN")
         try:
             for name in self.client.scan_iter(match=pattern, count=1000):
                 yield name.decode() if isinstance(name, bytes) else name
         except _redis_errors() as e:
-            raise StoreError(f"SCAN failed on {self.url}: {e}") from e
+            raise self._failure("SCAN", e) from e
 
     def keys(self) -> Iterator[str]:
         for name in self._scan(f"{self.prefix}:{{*}}:m"):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
+import ssl
 from typing import Any, Callable
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kvrag.errors import StoreError
 from kvrag.stores.base import shorten
+from kvrag.stores.outages import public_url
 from kvrag.stores.redis.client import RedisStore
 from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES
 from kvrag.stores.redis.wire import FramePool
@@ -103,10 +106,15 @@ def redis_store_from_url(url: str) -> RedisStore:
     else:
         raise StoreError(f"not a Redis URL: {url!r}")
     if "cluster" in scheme:
-        probe = _probe([lambda host=host, port=port: redis.Redis(host=host, port=port, **_short(kwargs))
-                        for host, port in _hosts(urlsplit(redis_url).netloc)[:3]])
+        nodes = _hosts(urlsplit(redis_url).netloc)[:3]
+        clients = [lambda host=host, port=port: redis.Redis(host=host, port=port, **_short(kwargs)) for host, port in nodes]
     else:
-        probe = _probe([lambda: redis.Redis.from_url(redis_url, **_short(kwargs))])
+        parsed = redis.connection.parse_url(redis_url)
+        nodes = [(parsed.get("host", "localhost"), int(parsed.get("port", 6379)))]
+        clients = [lambda: redis.Redis.from_url(redis_url, **_short(kwargs))]
+    if scheme.startswith("rediss"):
+        _check_tls(url, nodes, clients)
+    probe = _probe(clients, cluster="cluster" in scheme)
     return RedisStore(factory, url=url, prefix=prefix, frame_bytes=frame_bytes, ttl=ttl, cluster="cluster" in scheme,
                       connections=connections, frame_pool=frame_pool, node=node, probe=probe)
 
@@ -217,9 +225,10 @@ def _short(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kept, "socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": Retry(NoBackoff(), 0)}
 
 
-def _probe(clients: list[Callable[[], Any]]) -> Callable[[], bool]:
-    """A liveness check for the breaker: a PING on a connection of its own, to the first node that
-    answers; when none does, what the last one said is raised (the breaker keeps it)."""
+def _probe(clients: list[Callable[[], Any]], *, cluster: bool = False) -> Callable[[], bool]:
+    """A liveness check for the breaker: a PING on a connection of its own (for a cluster, CLUSTER
+    INFO saying its state is ok: a node up but not yet serving its slots is not back), to the first
+    node that answers; when none does, what the last one said is raised (the breaker keeps it)."""
     import redis
 
     def probe() -> bool:
@@ -227,7 +236,7 @@ def _probe(clients: list[Callable[[], Any]]) -> Callable[[], bool]:
         for make in clients:
             client = make()
             try:
-                if client.ping():
+                if _cluster_ok(client) if cluster else client.ping():
                     return True
             except redis.exceptions.RedisError as e:
                 failure = e
@@ -239,6 +248,60 @@ def _probe(clients: list[Callable[[], Any]]) -> Callable[[], bool]:
         return False
 
     return probe
+
+
+def _check_tls(url: str, nodes: list[tuple[str, int]], clients: list[Callable[[], Any]]) -> None:
+    """Refuse at once a TLS URL whose server does not complete a TLS handshake with these settings
+    (a plaintext server, a certificate not trusted): a configuration error, never an outage. A node
+    that cannot be reached at all says nothing: the store starts as down and is used once it is up."""
+    for (host, port), make in zip(nodes, clients):
+        client = make()
+        try:
+            client.ping()
+            return
+        except Exception as e:  # noqa: BLE001 - only a TLS failure is ours to raise; the rest is "down" or later
+            tls = _tls_failure(e)
+            if isinstance(tls, ssl.SSLCertVerificationError):
+                raise StoreError(f"{public_url(url)}: the certificate of {host}:{port} is not trusted ({tls.verify_message}): "
+                                 "give the CA that signed it with ssl_ca_certs=PATH in the URL or KVRAG_REDIS_CA_CERT "
+                                 "(ssl_check_hostname=false if it names another host)") from e
+            if tls is not None or _speaks_plaintext(host, port):
+                raise StoreError(f"{public_url(url)}: {host}:{port} does not complete a TLS handshake"
+                                 f"{f' ({tls})' if tls is not None else ', it answers plaintext Redis'}: use "
+                                 f"{'redis+cluster://' if 'cluster' in url.split('://')[0] else 'redis://'} without ssl "
+                                 "for a plaintext server, or turn TLS on in the server (tls-port)") from e
+        finally:
+            client.close()
+
+
+def _tls_failure(error: BaseException) -> ssl.SSLError | None:
+    """The `ssl.SSLError` under a redis-py error, if one is."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None or isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _speaks_plaintext(host: str, port: int) -> bool:
+    """Whether `host:port` answers a plaintext PING as Redis does (+PONG, or -NOAUTH/-ERR): a
+    plaintext server sits waiting through a TLS client's handshake until it times out."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0) as plain:
+            plain.sendall(b"PING\r\n")
+            reply = plain.recv(16)
+    except OSError:
+        return False
+    return reply[:1] in (b"+", b"-")
+
+
+def _cluster_ok(client: Any) -> bool:
+    info = client.execute_command("CLUSTER INFO")
+    if isinstance(info, dict):
+        return str(info.get("cluster_state")) == "ok"
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    return "cluster_state:ok" in text
 
 
 def _frame_pool(kwargs: dict[str, Any], db: int, username: str | None, password: str | None) -> FramePool:
