@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         StateUse,
         Timings,
     )
-    from kvrag.engine import KVEngine
+    from kvrag.engine import KVEngine, Runtime
     from kvrag.models import HardwareFingerprint, LoadedModel, ModelFingerprint, hardware_fingerprint, load_model
     from kvrag.reuse import Provenance
     from kvrag.stores import BlobStore, DiskStore, MemoryStore, RedisStore, StateStore, TieredStore, open_store
@@ -68,7 +68,7 @@ _LAZY = {
     "kvrag.artifacts": ["StateManifest"],
     "kvrag.core": ["Continuation", "Engine", "Generation", "GenerationOptions", "GenerationStream", "Message", "Receipt", "Segment",
                    "StateRef", "StateUse", "Timings"],
-    "kvrag.engine": ["KVEngine"],
+    "kvrag.engine": ["KVEngine", "Runtime"],
     "kvrag.models": ["HardwareFingerprint", "LoadedModel", "ModelFingerprint", "hardware_fingerprint", "load_model"],
     "kvrag.reuse": ["Provenance"],
     "kvrag.stores": ["BlobStore", "DiskStore", "MemoryStore", "RedisStore", "StateStore", "TieredStore", "open_store"],
@@ -94,6 +94,7 @@ __all__ = [
     "load_model",
     "LoadedModel",
     "KVEngine",
+    "Runtime",
     "Engine",
     "GenerationOptions",
     "EngineIdentity",

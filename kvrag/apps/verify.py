@@ -98,7 +98,7 @@ class _Tally:
 def _stock_forward(model: LoadedModel, ids: list[int], cache: DynamicCache) -> torch.Tensor:
     """One plain transformers forward of `ids` after what `cache` holds (no kvrag code): the last
     position's logits."""
-    with torch.inference_mode():
+    with model.turns.turn(), torch.inference_mode():  # the model's turn, as every forward over it
         out = model.hf_model(input_ids=torch.tensor([ids], device=model.device), cache=cache,
                              use_cache=True, logits_to_keep=1)
     return out.logits[0, -1]
@@ -124,7 +124,7 @@ def _chain_check(engine: KVEngine, documents: list[str]) -> tuple[int, int]:
 
 def _one_stock_pass(model: LoadedModel, ids: list[int]) -> torch.Tensor:
     """The last position's logits of one stock transformers forward over `ids` (no kvrag code)."""
-    with torch.inference_mode():
+    with model.turns.turn(), torch.inference_mode():
         return model.hf_model(input_ids=torch.tensor([ids], device=model.device), logits_to_keep=1).logits[0, -1]
 
 

@@ -59,7 +59,9 @@ class _PackedCache:
 
 
 class ModelRunner:
-    """Forward calls, greedy picks and fresh caches for one loaded model."""
+    """Forward calls, greedy picks and fresh caches for one loaded model. Every forward runs in the
+    model's turn (`LoadedModel.turns`): one at a time over the model, whichever thread or engine
+    asks."""
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
@@ -81,14 +83,15 @@ class ModelRunner:
         Under the invariant kernel a read shorter than `MIN_FORWARD_ROWS` is padded with dummy
         tokens after it (their cache entries dropped), so its rows are computed as they would be
         in one pass over the whole prompt (see `kvrag.kernels.attention`)."""
-        feed, padding, held = self._padded(ids, cache)
-        input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)
-        keep = torch.tensor([len(feed) - padding - 1], device=self.model.device) if padding else 1
-        with torch.inference_mode():
-            out = self.model.hf_model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=keep)
-        if padding:
-            self._unpad(cache, held, len(feed), padding)
-        return out.logits[0, -1]
+        with self.model.turns.turn():
+            feed, padding, held = self._padded(ids, cache)
+            input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)
+            keep = torch.tensor([len(feed) - padding - 1], device=self.model.device) if padding else 1
+            with torch.inference_mode():
+                out = self.model.hf_model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=keep)
+            if padding:
+                self._unpad(cache, held, len(feed), padding)
+            return out.logits[0, -1]
 
     def _padded(self, ids: Sequence[int], cache: Any) -> tuple[list[int], int, list[Any]]:
         """What a read of `ids` feeds: padded with dummy tokens if short (see `forward`), the padding,
@@ -110,7 +113,7 @@ class ModelRunner:
     def step(self, token: int, cache: Any) -> torch.Tensor:
         """One decoding step (one row, never padded: as a stock `model.generate` decodes)."""
         input_ids = torch.tensor([[token]], dtype=torch.long, device=self.model.device)
-        with torch.inference_mode():
+        with self.model.turns.turn(), torch.inference_mode():
             out = self.model.hf_model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
@@ -131,9 +134,10 @@ class ModelRunner:
         where that is exact (`batches_exactly`; prompt reads where `packs_reads`), the rest one call
         each; each one's logits, as `step` or `forward` gives them alone."""
         together, alone = self._partition(steps)
-        logits = dict(zip(map(id, together), self._packed(together))) if together else {}
-        for s in alone:
-            logits[id(s)] = self.step(s.token, s.cache) if isinstance(s, DecodeStep) else self.forward(s.ids, s.cache)
+        with self.model.turns.turn():  # the whole batch in one turn: nothing runs between its forwards
+            logits = dict(zip(map(id, together), self._packed(together))) if together else {}
+            for s in alone:
+                logits[id(s)] = self.step(s.token, s.cache) if isinstance(s, DecodeStep) else self.forward(s.ids, s.cache)
         return [logits[id(s)] for s in steps]
 
     def forward_calls(self, steps: Sequence[DecodeStep | PromptRead]) -> int:
@@ -199,7 +203,7 @@ class ModelRunner:
         device = self.model.device
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=device)
         position_ids = torch.as_tensor(positions, dtype=torch.long, device=device).reshape(1, -1)
-        with torch.inference_mode():
+        with self.model.turns.turn(), torch.inference_mode():
             out = self.model.hf_model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                                       cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]

@@ -14,7 +14,9 @@ number of rows, and attention stays per generation, over its own cache; so every
 token for token and in its logits' bits, the same request served alone. Where that does not hold
 (another attention kernel, a linear arithmetic whose rows depend on the count), the steps still
 take turns here but each is its own forward; so does a prompt read of a model with sliding-window
-layers. A prompt that needs the model otherwise (a blend) holds it between two batch forwards (`turn`).
+layers. A prompt that needs the model otherwise (a blend) holds it between two batch forwards (`turn`);
+so does every forward from outside the batch (a deposit, a memo check): the model's turns
+(`kvrag.models.turns`) run one forward at a time, fairly.
 """
 
 from __future__ import annotations
@@ -55,27 +57,6 @@ class Lane:
         return self._batcher._step(self, PromptRead(list(ids), cache))
 
 
-class _Turns:
-    """A fair lock: whoever asked first goes first (the batch and a blend's prompt take turns)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._next = self._serving = 0
-
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        with self._cond:
-            ticket, self._next = self._next, self._next + 1
-            while ticket != self._serving:
-                self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._serving += 1
-                self._cond.notify_all()
-
-
 class Batcher:
     """The batch of one model: at most `rows` generations' steps per forward."""
 
@@ -86,7 +67,6 @@ class Batcher:
         self._cond = threading.Condition()
         self._members: set[Lane] = set()
         self._waiting: dict[Lane, DecodeStep | PromptRead] = {}
-        self._turns = _Turns()
         self._thread: threading.Thread | None = None
         self._closed = False
         #: forward calls run for steps and reads, and the steps and reads they carried
@@ -105,7 +85,7 @@ class Batcher:
 
     def turn(self) -> AbstractContextManager[None]:
         """Hold the model between two batch forwards (for a prompt that needs it otherwise than to read)."""
-        return self._turns.turn()
+        return self.runner.model.turns.turn()
 
     @contextmanager
     def lane(self) -> Iterator[Lane]:
@@ -166,8 +146,7 @@ class Batcher:
     def _run(self) -> None:
         while (batch := self._gather()) is not None:
             try:
-                with self._turns.turn():
-                    logits = self.runner.step_many([step for _, step in batch])
+                logits = self.runner.step_many([step for _, step in batch])  # in the model's turn
                 results: list[tuple[torch.Tensor | None, BaseException | None]] = [(row, None) for row in logits]
             except BaseException as e:  # noqa: BLE001 - handed to every generation in the batch
                 results = [(None, e)] * len(batch)

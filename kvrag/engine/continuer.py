@@ -216,25 +216,29 @@ class Continuer:
         said = [*c.notes, *self._await_deposit(c)]
         # a memo answer never enters the batch: its few steps run alone
         batcher = self.batcher if self.batcher is not None and not c.memo else None
-        with batcher.lane() if batcher is not None else nullcontext() as lane:
-            run, uses, logits = self._batched_prompt(c, deadline, lane)
-            first_logits = logits.clone()
-            limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
-            sampler = self.runner.sampler(c.sampling)
-            tokens = [sampler.pick(logits)] if limit > 0 else []
-            ttft_s = time.perf_counter() - began
-            t = time.perf_counter()
-            text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
-            for token in tokens:
-                yield from text.push(token)
-            while not text.done and len(tokens) < limit:
-                step = DecodeStep(tokens[-1], c.prompt_tokens + len(tokens) - 1, run.cache)
-                logits = lane.step(step) if lane is not None else self.runner.step(step.token, step.cache)
-                tokens.append(sampler.pick(logits))
-                yield from text.push(tokens[-1])
-        yield from text.flush()
+        run: Prefill | None = None
+        try:
+            with batcher.lane() if batcher is not None else nullcontext() as lane:
+                run, uses, logits = self._batched_prompt(c, deadline, lane)
+                first_logits = logits.clone()
+                limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
+                sampler = self.runner.sampler(c.sampling)
+                tokens = [sampler.pick(logits)] if limit > 0 else []
+                ttft_s = time.perf_counter() - began
+                t = time.perf_counter()
+                text = TextDecoder(self.runner.model.tokenizer, self.layout.stop_ids, c.stop, c.known)
+                for token in tokens:
+                    yield from text.push(token)
+                while not text.done and len(tokens) < limit:
+                    step = DecodeStep(tokens[-1], c.prompt_tokens + len(tokens) - 1, run.cache)
+                    logits = lane.step(step) if lane is not None else self.runner.step(step.token, step.cache)
+                    tokens.append(sampler.pick(logits))
+                    yield from text.push(tokens[-1])
+            yield from text.flush()
+        finally:  # the kept buffers go back now, whether the answer ended, failed or was abandoned
+            if run is not None:
+                run.cache.release()
         decode_s = time.perf_counter() - t
-        run.cache.release()
         return self._generation(c, run, uses, said, sampler, tokens, text, first_logits,
                                 ttft_s=ttft_s, decode_s=decode_s, began=began)
 
@@ -262,9 +266,17 @@ class Continuer:
             # context read again, nothing streamed (what a later tier served whole is grafted as it
             # came; otherwise the next tier or the text answers for it)
             found = run.drop_streams(deadline)
+            run.cache.release()
             run = Prefill(self.runner, self.ready, forward)
-            uses = self._context(run, c, deadline, stream=False, read=found)
-            logits = run.text(c.feed)
+            try:
+                uses = self._context(run, c, deadline, stream=False, read=found)
+                logits = run.text(c.feed)
+            except BaseException:
+                run.cache.release()
+                raise
+        except BaseException:
+            run.cache.release()  # a prompt that failed gives its kept buffers back at once
+            raise
         return run, uses, logits
 
     def _generation(self, c: Continuation, run: Prefill, uses: list[StateUse], said: list[str], sampler: Any,

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from typing_extensions import Unpack
 
-from kvrag.codecs import ReadyBuffers, StatePart
+from kvrag.codecs import StatePart
 from kvrag.codecs.ready import DEFAULT_READY_BYTES
 from kvrag.core.acceptance import StateAcceptance
 from kvrag.core.continuation import Continuation
@@ -32,17 +32,19 @@ from kvrag.core.prefixes import PrefixRecords
 from kvrag.core.prompt import DEFAULT_SYSTEM_PROMPT, LayoutKind, PromptLayout
 from kvrag.core.protocol import BlendLimits
 from kvrag.core.restore import Restorer
-from kvrag.core.runner import ModelRunner, logits_sha256
+from kvrag.core.runner import logits_sha256
 from kvrag.core.schedule import Planner, Segment, StateRef
-from kvrag.core.transcript import Message, Renderer, Transcript, messages_of
+from kvrag.core.transcript import Message, Renderer
 from kvrag.core.whereabouts import Whereabouts
 from kvrag.engine.continuer import Continuer
+from kvrag.engine.runtime import Runtime
+from kvrag.engine.transcripts import Transcripts, read_as_text
 from kvrag.errors import InputError
 from kvrag.kernels.attention import INVARIANT
 from kvrag.models.loading import LoadedModel, load_model
 from kvrag.reuse.admission import Admission
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
-from kvrag.reuse.deposit_queue import DepositQueue, deposit_after
+from kvrag.reuse.deposit_queue import deposit_after
 from kvrag.reuse.gate import BlendGate
 from kvrag.reuse.levers import reorder
 from kvrag.reuse.memo import Memo
@@ -59,7 +61,7 @@ __all__ = ["KVEngine", "StateRef", "Segment", "Message", "Continuation", "Genera
            "GenerationOptions", "CANARY_QUESTION", "logits_sha256"]
 
 
-class KVEngine:
+class KVEngine(Transcripts):
     """Deposit documents as verified KV states; generate with them grafted.
 
         >>> engine = KVEngine(load_model("tiny-random-llama"), "memory://")
@@ -84,12 +86,16 @@ class KVEngine:
       the cores, so it pays only where the read waits on the network).
     - `ready_buffers_bytes`: under the invariant kernel, the most the whole-block K/V buffers of
       grafted states kept for the next question over the same stored bytes may hold
-      (`kvrag.codecs.ready`; 0: none kept, every graft copies).
+      (`kvrag.codecs.ready`; 0: none kept, every graft copies); with a `Runtime`, its pool's.
+
+    `model` is a `LoadedModel`, or a `Runtime` to share with other engines (a server's tenants:
+    one runner, buffer pool, deposit worker and batch). `close()`, or a `with` block, ends what
+    the engine opened.
     """
 
     def __init__(
         self,
-        model: LoadedModel,
+        model: LoadedModel | Runtime,
         store: StateStore | str | None = None,
         *,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
@@ -105,7 +111,12 @@ class KVEngine:
     ) -> None:
         if not 0 < deadline_s <= 3600:
             raise InputError("deadline_s must be more than 0 and at most 3600 seconds")
+        #: the model and what runs it; an engine made from a `LoadedModel` has a runtime of its own
+        self.runtime = model if isinstance(model, Runtime) else Runtime(model, ready_buffers_bytes=ready_buffers_bytes)
+        self._owns_runtime = not isinstance(model, Runtime)
+        model = self.runtime.model
         self.model, self.deadline_s, self.allow_unsigned = model, deadline_s, allow_unsigned
+        self._owns_store = not isinstance(store, StateStore)
         self.store = store if isinstance(store, StateStore) else open_store(store)
         #: the key this engine signs, seals and addresses with: the tenant's, for a namespace
         self.signing_key, self.namespace = key_for(signing_key, self.store.namespace if namespace is None else namespace)
@@ -116,11 +127,21 @@ class KVEngine:
         self.identity = EngineIdentity.of(model.fingerprint, model.device, self.signing_key, self.namespace)
         self.layout = PromptLayout.for_tokenizer(model.tokenizer, system_prompt, layout)
         self.renderer = Renderer(model.tokenizer)
-        self.runner = ModelRunner(model)
+        self.runner = self.runtime.runner
         self.planner = Planner(self.layout, self.identity, model.max_positions)
-        self._wire(stream_grafts, ready_buffers_bytes)
+        #: what this engine was made with, for its tenants' engines (`tenant`)
+        self._settings: dict[str, Any] = dict(system_prompt=system_prompt, signing_key=signing_key,
+                                              allow_unsigned=allow_unsigned, deadline_s=deadline_s,
+                                              blend_limits=blend_limits, layout=layout, confidential=confidential,
+                                              stream_grafts=stream_grafts)
+        self._wire(stream_grafts)
 
-    def _wire(self, stream_grafts: bool, ready_buffers_bytes: int) -> None:
+    def tenant(self, namespace: str) -> "KVEngine":
+        """An engine for the tenant `namespace`: the same runtime and store, every setting of this
+        one, and the tenant's namespace and key (derived from this engine's signing key)."""
+        return KVEngine(self.runtime, self.store, namespace=namespace, **self._settings)
+
+    def _wire(self, stream_grafts: bool) -> None:
         """The parts a question passes through, each given only what it uses."""
         invariant = self.model.attn == INVARIANT
         acceptance = StateAcceptance(self.identity, self.runner.codecs, self.signing_key, self.model.vocabulary,
@@ -135,12 +156,12 @@ class KVEngine:
         self.depositor = Depositor(self.runner, self.planner, self.store, self.restorer, self.identity,
                                    self.signing_key, deadline_s=self.deadline_s, whereabouts=self.whereabouts,
                                    prefixes=self.prefixes, confidential=self.confidential)
-        #: deposits after answers, off their path (`deposit_in_background`)
-        self.deposits = DepositQueue(self.depositor.extend, bytes_per_token=self.model.state_bytes_per_token)
+        #: deposits after answers, off their path (`deposit_in_background`): the runtime's one worker
+        self.deposits = self.runtime.deposits
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, self.deadline_s,
                                    self.prefixes, self.whereabouts, stream_grafts=stream_grafts,
-                                   ready=ReadyBuffers(ready_buffers_bytes) if invariant else None,
-                                   deposits=self.deposits)
+                                   ready=self.runtime.ready, deposits=self.deposits)
+        self.continuer.batcher = self.runtime.batcher
         self.admission = Admission()  # which chains read as text are deposited (`admit_after`)
         self.memo = Memo(self.identity, self.planner, self.records, self.depositor, self.restorer, self.run,
                          vocabulary=self.model.vocabulary, deadline_s=self.deadline_s)
@@ -229,15 +250,6 @@ class KVEngine:
             self.depositor.ensure(segment)
         return [self.planner.ref(s) for s in segments]
 
-    def deposit_chat(self, messages: Sequence[Message | dict[str, Any]]) -> list[StateRef]:
-        """Deposit a conversation's segments ahead of time (all of them: the next message starts a
-        new segment), so the first ask that continues it grafts them."""
-        transcript = self.renderer.render(messages_of(messages), generation_prompt=False)
-        self.planner.check_length(len(transcript.ids))
-        segments = self.planner.chain(transcript.pieces(), self._chat_layout)
-        self.depositor.extend(segments)
-        return [self.planner.ref(s) for s in segments]
-
     # -------------------------------------------------------------- generate
     def generate(self, query: str, *, states: Sequence[StateRef | str] | None = None,
                  options: GenerationOptions | None = None, **settings: Unpack[GenerationSettings]) -> Generation:
@@ -278,7 +290,7 @@ class KVEngine:
                                        sampling=opts.sampling, blend=ratio, notes=notes,
                                        any_boundary=not opts.approximate and ratio is None, layout=self.layout.kind))
         if opts.deposits and segments:
-            return self._then_deposit(answer, lambda generation: segments if _read_as_text(generation) and
+            return self._then_deposit(answer, lambda generation: segments if read_as_text(generation) and
                                       self.admission.admit(segments, opts.admit_after) else [], "the chain", opts)
         return answer
 
@@ -298,79 +310,6 @@ class KVEngine:
         ref = self.ref(text)
         return ref if self.holds(ref) else text
 
-    def chat(self, messages: Sequence[Message | dict[str, Any]], *, options: GenerationOptions | None = None,
-             **settings: Unpack[GenerationSettings]) -> Generation:
-        """Answer a conversation; see `stream_chat`."""
-        return self.stream_chat(messages, options=options, **settings).result()
-
-    def stream_chat(self, messages: Sequence[Message | dict[str, Any]], *, options: GenerationOptions | None = None,
-                    **settings: Unpack[GenerationSettings]) -> GenerationStream:
-        """Answer a conversation as a framework formats it (OpenAI-style `{"role", "content"}`
-        messages; a completion prompt is one user message), token by token.
-
-        The messages are rendered with the model's chat template and cut where their content says
-        so (see `kvrag.core.transcript`): every segment a stored state covers is grafted, the rest is
-        read as text in the same segments, so the answer is the same either way. With
-        `deposit_missing`, the segments read as text are deposited afterwards, and in a
-        conversation (one that already holds an assistant turn) so are the last message and this
-        answer, so that the next turn grafts everything before its new message. The options are
-        `stream`'s; `approximate` and `blend` apply only to documents and a question.
-        """
-        opts = _exact(options_of(options, dict(settings)))
-        checked = messages_of(messages)
-        for message in checked:
-            self.planner.check_size(message.content)
-        transcript = self.renderer.render(checked)
-        return self._run_transcript(transcript, self._chat_layout, opts, opts.stops(self.renderer.chat_stops), checked)
-
-    @property
-    def _chat_layout(self) -> str:
-        return "chat-template" if self.renderer.chat_form == "template" else "plain-chat"
-
-    def complete(self, prompt: str, *, options: GenerationOptions | None = None,
-                 **settings: Unpack[GenerationSettings]) -> Generation:
-        """Continue a completion prompt; see `stream_complete`."""
-        return self.stream_complete(prompt, options=options, **settings).result()
-
-    def stream_complete(self, prompt: str, *, options: GenerationOptions | None = None,
-                        **settings: Unpack[GenerationSettings]) -> GenerationStream:
-        """Continue a completion prompt (a framework's formatted prompt string, OpenAI's
-        `/v1/completions`), token by token. A base model (the `completion` layout) reads it as
-        given, after its begin-of-text token, exactly as a stock `model.generate` on
-        `tokenizer(prompt)` would (receipt layout `prompt`); a chat model reads it as one user
-        message (`stream_chat`). Cut, grafted and deposited as `stream_chat` does."""
-        opts = _exact(options_of(options, dict(settings)))
-        if self.layout.kind == "chat":
-            return self.stream_chat([Message(role="user", content=prompt)], options=opts)
-        transcript = self.renderer.render_prompt(self.planner.check_size(prompt))
-        return self._run_transcript(transcript, "prompt", opts, opts.stops(()), None)
-
-    def _run_transcript(self, transcript: Transcript, layout: str, opts: GenerationOptions, stop: Sequence[str],
-                        messages: list[Message] | None) -> GenerationStream:
-        self.planner.check_length(len(transcript.ids))
-        *context, feed = self.planner.chain(transcript.pieces(), layout)
-        answer = self.run(Continuation(context, feed.ids, opts.max_new_tokens, stop, opts.graft,
-                                       deadline=Deadline(self.deadline_s), sampling=opts.sampling, any_boundary=True,
-                                       layout=layout))
-        if not opts.deposits:
-            return answer
-        if messages is None:
-            return self._then_deposit(answer, lambda generation: context if _read_as_text(generation) else [],
-                                      "the prompt", opts)
-        return self._then_deposit(answer, lambda generation: self._turn(messages, context, generation),
-                                  "the conversation", opts)
-
-    def _turn(self, messages: list[Message], context: list[Segment], generation: Generation) -> list[Segment]:
-        """What to deposit after answering a conversation: in one that already holds an assistant
-        turn, its segments up to and including this answer; else the context read as text."""
-        if any(m.role == "assistant" for m in messages) and generation.text:
-            answered = [*messages, Message(role="assistant", content=generation.text)]
-            following = self.planner.chain(self.renderer.render(answered, generation_prompt=False).pieces(),
-                                           self._chat_layout)
-            if [s.key for s in following[: len(context)]] == [s.key for s in context]:
-                return following
-        return context if _read_as_text(generation) else []
-
     def _then_deposit(self, answer: GenerationStream, segments: Callable[[Generation], Sequence[Segment]],
                       what: str, opts: GenerationOptions) -> GenerationStream:
         """`answer`, then the `segments(generation)` it names deposited: after its last delta, or
@@ -382,14 +321,18 @@ class KVEngine:
         """Run a continuation: its context grafted where stored, its ids fed, decoding up to N tokens."""
         return self.continuer.stream(continuation)
 
+    # ------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Close the store; an engine with a runtime of its own closes that too (its queued
+        deposits run first). A runtime or store it was given is left to whoever gave it."""
+        if self._owns_runtime:
+            self.runtime.close()
+        if self._owns_store:
+            self.store.close()
 
-def _read_as_text(generation: Generation) -> bool:
-    """Whether some context segment of the answer was read as text (so there is something to deposit)."""
-    return any(use.source != "graft" for use in generation.receipt.states)
+    def __enter__(self) -> "KVEngine":
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-def _exact(opts: GenerationOptions) -> GenerationOptions:
-    if not opts.exact_only:
-        raise InputError("approximate and blend apply to documents and a question (generate, stream); "
-                         "a conversation or a prompt is grafted exactly")
-    return opts

@@ -25,6 +25,7 @@ from kvrag.errors import ModelError
 from kvrag.kernels.attention import INVARIANT, register
 from kvrag.models.fingerprints import ModelFingerprint, model_fingerprint
 from kvrag.models.tiny import TINY_FAMILIES, build_byte_tokenizer, build_tiny_model
+from kvrag.models.turns import Turns
 from kvrag.paths import kvrag_home
 
 __all__ = ["LoadedModel", "load_model", "EMBEDDED_MODELS", "DEFAULT_ATTN"]
@@ -76,6 +77,8 @@ class LoadedModel:
     attn: str
     weights_sha256: str
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: the model's one lock: every forward over it runs in its turn (`kvrag.models.turns`)
+    turns: Turns = field(default_factory=Turns, repr=False)
 
     @property
     def config(self) -> Any:

@@ -53,6 +53,7 @@ class DepositStats:
 
 @dataclass(frozen=True)
 class _Job:
+    deposit: Callable[[Sequence[Segment]], object]
     segments: tuple[Segment, ...]
     missing: tuple[str, ...]  # the keys of the segments not stored when it was queued
     what: str
@@ -61,9 +62,11 @@ class _Job:
 
 
 class DepositQueue:
-    """Runs `deposit(segments)` for each submitted chain on one daemon thread, in order."""
+    """Runs `deposit(segments)` for each submitted chain on one daemon thread, in order. A queue
+    made without a `deposit` of its own (a runtime's, shared by the engines over one model) runs
+    the one each chain was submitted with."""
 
-    def __init__(self, deposit: Callable[[Sequence[Segment]], object], *, bytes_per_token: int,
+    def __init__(self, deposit: Callable[[Sequence[Segment]], object] | None, *, bytes_per_token: int,
                  max_pending_mib: float = 512, max_wait_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if bytes_per_token < 1 or max_pending_mib <= 0 or max_wait_s <= 0:
@@ -89,10 +92,14 @@ class DepositQueue:
         with self._lock:
             return self._pending_bytes
 
-    def submit(self, segments: Sequence[Segment], what: str = "the chain", missing: Collection[str] | None = None) -> bool:
-        """Queue `segments` (a chain, in order) for deposit; False when it was not queued (nothing
-        to deposit, queued already, or over the byte budget). `missing`: the keys of the segments
-        not stored yet (default: all), what `wait_for` waits on and the budget counts."""
+    def submit(self, segments: Sequence[Segment], what: str = "the chain", missing: Collection[str] | None = None,
+               deposit: Callable[[Sequence[Segment]], object] | None = None) -> bool:
+        """Queue `segments` (a chain, in order) for the queue's deposit, or else `deposit`; False when
+        it was not queued (nothing to deposit, queued already, or over the byte budget). `missing`: the
+        keys of the segments not stored yet (default: all), what `wait_for` waits on and the budget counts."""
+        deposit = self._deposit or deposit
+        if deposit is None:
+            raise ValueError("this queue has no deposit of its own: submit each chain with one")
         if not segments:
             return False
         new = [s for s in segments if missing is None or s.key in missing]
@@ -105,7 +112,7 @@ class DepositQueue:
                 log.info("not depositing %s: %d bytes are queued already (budget %d)", what,
                          self._pending_bytes, self.max_pending_bytes)
                 return False
-            self._jobs.append(_Job(tuple(segments), tuple(s.key for s in new), what, size, self._clock()))
+            self._jobs.append(_Job(deposit, tuple(segments), tuple(s.key for s in new), what, size, self._clock()))
             self._keys.add(segments[-1].key)
             self._segments.update(s.key for s in new)
             self._pending_bytes += size
@@ -195,7 +202,7 @@ class DepositQueue:
             log.info("not depositing %s: it waited %.1f s, past the %.1f s budget", job.what, waited, self.max_wait_s)
             return
         try:
-            self._deposit(job.segments)
+            job.deposit(job.segments)
             self.stats.deposited += 1
         except KVRagError as e:  # the answer stands; the next reading as text asks again
             self.stats.failed += 1
@@ -235,7 +242,7 @@ def deposit_after(answer: GenerationStream, segments: Callable[[Generation], Seq
             chain = segments(generation)
             if queue is not None:
                 grafted = {use.key for use in generation.receipt.states if use.source == "graft"}
-                queue.submit(chain, what, missing={s.key for s in chain if s.key not in grafted})
+                queue.submit(chain, what, missing={s.key for s in chain if s.key not in grafted}, deposit=deposit)
             else:
                 deposit(chain)
         except KVRagError as e:

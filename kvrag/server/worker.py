@@ -38,26 +38,26 @@ class Worker:
         self.engine, self.settings = engine, settings
         self.admission = Admission(settings.concurrency, settings.queue)
         self.threads = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="kvrag-generate")
-        #: the generations' decoding steps, `concurrency` rows per forward at most
+        #: the generations' reads and steps, `concurrency` rows per forward at most (every tenant's)
         self.batcher = Batcher(engine.runner, rows=settings.concurrency, observe=metrics.BATCH_ROWS.observe)
-        engine.continuer.batcher = self.batcher if settings.batch else None
+        engine.runtime.batcher = engine.continuer.batcher = self.batcher if settings.batch else None
         self.system_fingerprint = "kvrag-" + engine.fingerprint[:16]
         self._tenants: dict[str, KVEngine] = {"": engine}
         self._building = threading.Lock()
 
     def engine_for(self, tenant: str) -> KVEngine:
-        """The engine of `tenant` (""): the same model and store, the tenant's namespace and key."""
+        """The engine of `tenant` (""): a view over the same runtime (model, buffer pool, deposit
+        worker, batch) and store, with the tenant's namespace and key and every other setting the
+        server's engine has."""
         with self._building:
             if tenant not in self._tenants:
-                base = self.engine
-                engine = KVEngine(base.model, base.store, namespace=tenant, deadline_s=base.deadline_s)
-                engine.continuer.batcher = base.continuer.batcher  # one model, one batch: every tenant's steps share it
-                self._tenants[tenant] = engine
+                self._tenants[tenant] = self.engine.tenant(tenant)
             return self._tenants[tenant]
 
     def close(self) -> None:
-        """After the last request: the generation threads, then the batch."""
+        """After the last request: the generation threads, the deposits queued, then the batch."""
         self.threads.shutdown(wait=True)
+        self.engine.runtime.close()
         self.batcher.close()
 
     def check_model(self, name: str) -> None:

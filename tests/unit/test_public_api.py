@@ -6,7 +6,7 @@ import kvrag
 from kvrag import errors
 
 EXPECTED = {
-    "load_model", "LoadedModel", "KVEngine", "StateRef", "Segment", "Continuation", "Generation", "GenerationStream",
+    "load_model", "LoadedModel", "KVEngine", "Runtime", "StateRef", "Segment", "Continuation", "Generation", "GenerationStream",
     "Receipt", "StateUse", "Timings", "StateManifest", "ModelFingerprint", "HardwareFingerprint", "hardware_fingerprint",
     "open_store", "StateStore", "BlobStore", "DiskStore", "MemoryStore", "RedisStore", "TieredStore", "verify_model",
     "VerifyReport", "KVRagError", "InputError", "EmptyTextError", "ContextTooLongError", "ModelError", "StateError",

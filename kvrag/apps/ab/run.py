@@ -83,7 +83,7 @@ def _generate(engine: KVEngine, ids: list[int], max_new_tokens: int) -> tuple[st
     tokenizer = engine.model.tokenizer
     stop = sorted(engine.layout.stop_ids)
     unwritable = list(range(len(tokenizer), engine.model.vocabulary))  # ids kvrag never picks either
-    with torch.inference_mode():
+    with engine.model.turns.turn(), torch.inference_mode():  # the model's turn, as every forward over it
         out = engine.model.hf_model.generate(
             torch.tensor([ids], device=engine.model.device), max_new_tokens=max_new_tokens, do_sample=False,
             eos_token_id=stop or None, pad_token_id=stop[0] if stop else None, suppress_tokens=unwritable or None,
@@ -100,7 +100,7 @@ def _stock_completion(engine: KVEngine, texts: list[str], question: str, max_new
     prompt = STOCK_COMPLETION.format(documents="\n\n".join(t.strip() for t in texts), question=question.strip())
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(engine.model.device)
     eos = tokenizer.eos_token_id
-    with torch.inference_mode():
+    with engine.model.turns.turn(), torch.inference_mode():
         out = engine.model.hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                              do_sample=False, pad_token_id=eos)
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
