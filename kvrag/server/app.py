@@ -172,6 +172,9 @@ def _routes(app: FastAPI, state: AppState) -> None:
             "batch": {"exact": w.batcher.exact, "rows": w.batcher.rows, "forwards": w.batcher.forwards,
                       "stepped_rows": w.batcher.stepped_rows},
             "tiers": [{"kind": t.url.partition("://")[0], "open": not t.breaker.is_open} for t in w.engine.tiers],
+            # every tenant's engine is a view over the worker's one runtime: one deposit worker, one buffer pool
+            "tenants": w.tenants,
+            "deposits": w.engine.deposits.stats.__dict__ | {"pending_bytes": w.engine.deposits.pending_bytes},
         }
 
     @app.get("/metrics")

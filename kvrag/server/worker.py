@@ -54,6 +54,12 @@ class Worker:
                 self._tenants[tenant] = self.engine.tenant(tenant)
             return self._tenants[tenant]
 
+    @property
+    def tenants(self) -> int:
+        """Tenants whose engines this worker has made (the server's own included)."""
+        with self._building:
+            return len(self._tenants)
+
     def close(self) -> None:
         """After the last request: the generation threads, the deposits queued, then the batch."""
         self.threads.shutdown(wait=True)

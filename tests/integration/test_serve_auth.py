@@ -124,3 +124,36 @@ def test_llamaindex_openai_like_with_a_key_that_works_and_one_that_does_not(serv
                      max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.complete("Say hello.")
+
+
+def unseen(text: str) -> str:
+    return f"{text} (Case {uuid.uuid4().hex[:8]}.)"
+
+
+def _process(pid: int) -> dict[str, int]:
+    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    return {"threads": int(status["Threads"]), "rss_kib": int(status["VmRSS"].split()[0])}
+
+
+def test_eight_tenants_share_one_runtime(redis, tmp_path):
+    """One request from each of 8 tenants, each read as text and deposited in the background: one
+    deposit worker and one buffer pool for all (the worker's threads do not grow with its tenants),
+    and its memory not past 1.2x what it held after the first tenant's."""
+    keys = {f"key-of-tenant-{i}-0123456789": f"tenant-{i}" for i in range(8)}
+    (tmp_path / "keys.txt").write_text("".join(f"{key} {tenant}\n" for key, tenant in keys.items()))
+    served = KVRagServer(MODEL, redis.url, ("--api-key-file", str(tmp_path / "keys.txt")), log=tmp_path / "serve.log",
+                         env={"KVRAG_SIGNING_KEY": OPERATOR}, api_key=next(iter(keys))).start()
+    try:
+        seen = []
+        for key in keys:
+            answer = ask(served, key, unseen(DOC_A))
+            assert receipt(answer)["mode"] in READ_AS_TEXT
+            health = httpx.get(served.base + "/health", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+            while health["deposits"]["queued"] > health["deposits"]["deposited"] + health["deposits"]["failed"]:
+                health = httpx.get(served.base + "/health", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+            seen.append(_process(health["worker"]))
+        assert health["tenants"] == 9 and health["deposits"]["deposited"] == 8  # 8 tenants and the server's own
+        assert seen[-1]["threads"] <= seen[0]["threads"], seen
+        assert seen[-1]["rss_kib"] <= 1.2 * seen[0]["rss_kib"], seen
+    finally:
+        served.stop(kill=True)
