@@ -10,11 +10,17 @@ The payload is stored with keyed per-chunk tags, or encrypted for a confidential
 A chain therefore costs one prefill per state, not one per ancestor. Under the invariant kernel
 each new state is also indexed by its prefix (`kvrag.core.prefixes`), so any prompt that begins
 with its tokens finds it.
+
+The canary compares a state with the computation that made it, so a computation that went wrong
+would pass it. A chain deposited after an answer that read it is also checked against that answer,
+an independent computation: grafting the new states and reading the answer's question must give
+the answer's first-token logits, bit for bit, before anything of the chain is stored (`Answered`).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kvrag.artifacts.digests import chunk_digests
@@ -34,10 +40,29 @@ from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.payloads import seal_payload
 from kvrag.trust.signing import sign_manifest
 
-__all__ = ["CANARY_QUESTION", "Depositor"]
+__all__ = ["CANARY_QUESTION", "Depositor", "Answered"]
 
 #: The fixed probe run after every deposit: its logits after the graft must equal a fresh run's.
 CANARY_QUESTION = "Which words of the text above matter most?"
+
+
+@dataclass(frozen=True)
+class Answered:
+    """An answer given after the chain being deposited: the ids it read after the chain (its
+    question) and its first-token logits' SHA-256."""
+
+    feed: tuple[int, ...]
+    first_token_logits_sha256: str
+
+
+@dataclass
+class _Prepared:
+    """A state computed and verified by its canary, not written yet."""
+
+    segment: Segment
+    restored: Restored
+    stored: Any
+    prefix_ids: list[int] = field(default_factory=list)
 
 
 class Depositor:
@@ -50,32 +75,53 @@ class Depositor:
         self.runner, self.planner, self.store, self.restorer = runner, planner, store, restorer
         self.identity, self.signing_key, self.deadline_s = identity, signing_key, deadline_s
         self.whereabouts, self.prefixes, self.confidential = whereabouts, prefixes, confidential
+        #: chains checked against the answer they were read for, and those refused by the check
+        self.answers_checked = self.answers_refused = 0
 
     def canary_ids(self) -> list[int]:
         return self.planner.layout.question_ids(CANARY_QUESTION)
 
-    def extend(self, segments: Sequence[Segment]) -> list[Restored]:
+    def extend(self, segments: Sequence[Segment], answered: Answered | None = None) -> list[Restored]:
         """Deposit `segments` in order, each continuing the one before, the first after its stored
-        parent chain; a segment stored already is read, not computed again. Returns the states
-        deposited now."""
+        parent chain; a segment stored already is read, not computed again. With `answered` (an
+        answer given after exactly this chain), nothing is stored unless the new states reproduce
+        that answer (`VerificationError`). Returns the states deposited now."""
         if not segments:
             return []
         chain = self.restorer.chain(segments[0].parent_key, Deadline(self.deadline_s))
         ancestors: list[StatePart] = [r.part for r in chain]
         # the prompt's ids so far, kept only where prefix records need them
         before = [t for r in chain for t in r.manifest.token_ids] if self.prefixes is not None else []
-        deposited: list[Restored] = []
+        prepared: list[_Prepared] = []
         for segment in segments:
             try:
                 ancestors.append(self.restorer.fetch(segment.key, segment, Deadline(self.deadline_s)).value.part)
             except StateError:
-                deposited.append(self.deposit(segment, ancestors))
-                ancestors.append(deposited[-1].part)
-                if self.prefixes is not None:
-                    self.prefixes.record([*before, *segment.ids], segment.start, segment.key)
+                prepared.append(self._prepare(segment, ancestors))
+                prepared[-1].prefix_ids = [*before, *segment.ids] if self.prefixes is not None else []
+                ancestors.append(prepared[-1].restored.part)
+                if answered is None:
+                    self._write(prepared[-1])
             if self.prefixes is not None:
                 before.extend(segment.ids)
-        return deposited
+        if answered is not None and prepared:
+            self._check_answer(ancestors, answered, segments[-1])
+            for one in prepared:
+                self._write(one)
+        return [one.restored for one in prepared]
+
+    def _check_answer(self, chain: Sequence[StatePart], answered: Answered, last: Segment) -> None:
+        """The chain grafted, then the answer's question read: its logits must be the answer's."""
+        cache = self.runner.new_cache()
+        install(self.runner.codecs, cache, chain, self.runner.device)
+        sha = logits_sha256(self.runner.forward(list(answered.feed), cache))
+        cache.release()
+        self.answers_checked += 1
+        if sha != answered.first_token_logits_sha256:
+            self.answers_refused += 1
+            raise VerificationError(
+                f"the chain ending in state {last.key[:12]} did not reproduce the answer it was read for (first-token "
+                f"logits {sha[:12]} != {answered.first_token_logits_sha256[:12]}); nothing of it was stored")
 
     def ensure(self, segment: Segment) -> None:
         """Deposit `segment` unless some tier holds it whole already."""
@@ -88,6 +134,12 @@ class Depositor:
         Returns the state as grafted in the verification, ready to be the next deposit's ancestor.
         Raises `VerificationError` (nothing stored) when the grafted state does not reproduce it.
         """
+        prepared = self._prepare(segment, ancestors)
+        self._write(prepared)
+        return prepared.restored
+
+    def _prepare(self, segment: Segment, ancestors: Sequence[StatePart]) -> _Prepared:
+        """`segment`'s state computed after `ancestors` and verified by the canary, ready to write."""
         self.identity.check_hardware()
         canary = self.canary_ids()
         self.planner.check_length(segment.end + len(canary))
@@ -107,8 +159,13 @@ class Depositor:
             )
         deposit = unverified.deposit.model_copy(update={"canary_logits_sha256": graft_sha, "verified": True})
         manifest = sign_manifest(unverified.model_copy(update={"deposit": deposit}), self.signing_key)
-        self._store(segment, manifest, stored)
-        return Restored(manifest, part)
+        return _Prepared(segment, Restored(manifest, part), stored)
+
+    def _write(self, prepared: _Prepared) -> None:
+        """Store a prepared state (payload, then manifest), then index it by its prefix."""
+        self._store(prepared.segment, prepared.restored.manifest, prepared.stored)
+        if self.prefixes is not None and prepared.prefix_ids:
+            self.prefixes.record(prepared.prefix_ids, prepared.segment.start, prepared.segment.key)
 
     def _compute(self, segment: Segment, ancestors: Sequence[StatePart],
                  canary: list[int]) -> tuple[bytes, Any, StateManifest]:

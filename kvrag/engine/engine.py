@@ -26,7 +26,7 @@ from kvrag.codecs.ready import DEFAULT_READY_BYTES
 from kvrag.core.acceptance import StateAcceptance
 from kvrag.core.continuation import Continuation
 from kvrag.core.decoding import Generation, GenerationStream
-from kvrag.core.deposit import CANARY_QUESTION, Depositor
+from kvrag.core.deposit import CANARY_QUESTION, Answered, Depositor
 from kvrag.core.options import GenerationOptions, GenerationSettings, options_of
 from kvrag.core.prefixes import PrefixRecords
 from kvrag.core.prompt import DEFAULT_SYSTEM_PROMPT, LayoutKind, PromptLayout
@@ -291,7 +291,8 @@ class KVEngine(Transcripts):
                                        any_boundary=not opts.approximate and ratio is None, layout=self.layout.kind))
         if opts.deposits and segments:
             return self._then_deposit(answer, lambda generation: segments if read_as_text(generation) and
-                                      self.admission.admit(segments, opts.admit_after) else [], "the chain", opts)
+                                      self.admission.admit(segments, opts.admit_after) else [], "the chain", opts,
+                                      segments, question)
         return answer
 
     def _blend(self, opts: GenerationOptions, requested: list[StateRef | str],
@@ -311,11 +312,20 @@ class KVEngine(Transcripts):
         return ref if self.holds(ref) else text
 
     def _then_deposit(self, answer: GenerationStream, segments: Callable[[Generation], Sequence[Segment]],
-                      what: str, opts: GenerationOptions) -> GenerationStream:
+                      what: str, opts: GenerationOptions, context: Sequence[Segment], feed: Sequence[int]) -> GenerationStream:
         """`answer`, then the `segments(generation)` it names deposited: after its last delta, or
-        with `deposit_in_background`, on the worker of `self.deposits` (off the answer's path)."""
+        with `deposit_in_background`, on the worker of `self.deposits` (off the answer's path). A
+        chain that is the answer's own `context` is stored only if it reproduces the answer, read
+        after it from `feed` (`kvrag.core.deposit.Answered`)."""
         queue = self.deposits if opts.deposit_in_background else None
-        return deposit_after(answer, segments, self.depositor.extend, queue, what)
+        keys = [s.key for s in context]
+
+        def deposit(chain: Sequence[Segment], generation: Generation) -> object:
+            own = generation.receipt.exact and [s.key for s in chain] == keys
+            answered = Answered(tuple(feed), generation.receipt.first_token_logits_sha256) if own else None
+            return self.depositor.extend(chain, answered)
+
+        return deposit_after(answer, segments, deposit, queue, what)
 
     def run(self, continuation: Continuation) -> GenerationStream:
         """Run a continuation: its context grafted where stored, its ids fed, decoding up to N tokens."""

@@ -34,8 +34,7 @@ class Transcripts:
     deadline_s: float
     depositor: Any
     run: Callable[[Continuation], GenerationStream]
-    _then_deposit: Callable[[GenerationStream, Callable[[Generation], Sequence[Segment]], str, GenerationOptions],
-                            GenerationStream]
+    _then_deposit: Callable[..., GenerationStream]
 
     def deposit_chat(self, messages: Sequence[Message | dict[str, Any]]) -> list[StateRef]:
         """Deposit a conversation's segments ahead of time (all of them: the next message starts a
@@ -105,9 +104,9 @@ class Transcripts:
             return answer
         if messages is None:
             return self._then_deposit(answer, lambda generation: context if read_as_text(generation) else [],
-                                      "the prompt", opts)
+                                      "the prompt", opts, context, feed.ids)
         return self._then_deposit(answer, lambda generation: self._turn(messages, context, generation),
-                                  "the conversation", opts)
+                                  "the conversation", opts, context, feed.ids)
 
     def _turn(self, messages: list[Message], context: list[Segment], generation: Generation) -> list[Segment]:
         """What to deposit after answering a conversation: in one that already holds an assistant

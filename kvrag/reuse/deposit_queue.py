@@ -229,11 +229,11 @@ def _close_at_exit(queue: "weakref.ref[DepositQueue]") -> None:
 
 
 def deposit_after(answer: GenerationStream, segments: Callable[[Generation], Sequence[Segment]],
-                  deposit: Callable[[Sequence[Segment]], object], queue: DepositQueue | None,
+                  deposit: Callable[[Sequence[Segment], Generation], object], queue: DepositQueue | None,
                   what: str) -> GenerationStream:
-    """`answer`, then the `segments(generation)` it names deposited: on `queue`'s worker when one
-    is given, else after the last delta. The answer stands whatever the deposit meets; the next
-    ask then re-reads the text."""
+    """`answer`, then the `segments(generation)` it names deposited (`deposit(chain, generation)`):
+    on `queue`'s worker when one is given, else after the last delta. The answer stands whatever
+    the deposit meets; the next ask then re-reads the text."""
 
     def steps() -> Iterator[str]:
         yield from answer
@@ -242,9 +242,10 @@ def deposit_after(answer: GenerationStream, segments: Callable[[Generation], Seq
             chain = segments(generation)
             if queue is not None:
                 grafted = {use.key for use in generation.receipt.states if use.source == "graft"}
-                queue.submit(chain, what, missing={s.key for s in chain if s.key not in grafted}, deposit=deposit)
+                queue.submit(chain, what, missing={s.key for s in chain if s.key not in grafted},
+                             deposit=lambda chain: deposit(chain, generation))
             else:
-                deposit(chain)
+                deposit(chain, generation)
         except KVRagError as e:
             log_failure(log, "answered, but could not deposit %s afterwards: %s", what, e, error=e)
         return generation

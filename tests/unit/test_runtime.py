@@ -138,3 +138,35 @@ def test_turns_are_fair_and_reentrant():
     for thread in threads:
         thread.join(10)
     assert order == ["holder", "b", "c", "d"] and turns.waited == 3 and not turns.held
+
+
+def test_a_deposit_read_for_an_answer_is_stored_only_if_it_reproduces_that_answer(model):
+    """The canary compares a state with the computation that made it; the answer check compares it
+    with another one, the answer's. A computation that went wrong (here: the weights changed between
+    the answer and its deposit, as interference would change what a forward reads) passes the
+    canary, and is refused by the answer check, with nothing stored."""
+    import torch
+
+    from kvrag.core.deposit import Answered
+    from kvrag.errors import VerificationError
+
+    engine = KVEngine(model, MemoryStore())
+    checked = engine.depositor.answers_checked
+    first = engine.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=2, deposit_missing=True)
+    assert engine.depositor.answers_checked == checked + 1 and engine.depositor.answers_refused == 0
+    assert engine.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=2).receipt.mode == "exact-graft"
+
+    segments = engine.plan([DOC_C, DOC_A])
+    answer = engine.generate(QUESTION, states=[DOC_C, DOC_A], max_new_tokens=2)
+    answered = Answered(tuple(engine.planner.question(QUESTION, segments)), answer.receipt.first_token_logits_sha256)
+    weight = model.hf_model.get_input_embeddings().weight
+    with torch.no_grad():
+        weight.mul_(1.001)
+    try:
+        with pytest.raises(VerificationError, match="did not reproduce the answer"):
+            engine.depositor.extend(segments, answered)
+        assert not any(engine.store.holds(s.key) for s in segments) and engine.depositor.answers_refused == 1
+        assert engine.depositor.extend(segments)  # the canary alone passes the same computation
+    finally:
+        with torch.no_grad():
+            weight.div_(1.001)
