@@ -33,7 +33,7 @@ import redis
 from kvrag.models import LoadedModel, load_model
 from kvrag.models.loading import DEFAULT_ATTN
 
-__all__ = ["RedisServer", "RedisCluster", "KVRagServer", "free_port", "tiny_model"]
+__all__ = ["RedisServer", "RedisCluster", "KVRagServer", "Request", "LoadReport", "answers_under_load", "free_port", "tiny_model"]
 
 
 @lru_cache(maxsize=None)
@@ -252,3 +252,95 @@ class KVRagServer:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             return process.wait(10)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One chat request to a `KVRagServer`: a tenant's key (None: no key), a question after its
+    documents, and (`leave_after`) the deltas its client reads before it goes away."""
+
+    question: str
+    documents: tuple[str, ...]
+    key: str | None = None
+    max_tokens: int = 8
+    leave_after: int | None = None
+
+
+@dataclass
+class LoadReport:
+    """What `answers_under_load` saw: answers, clients that went away, failures, and the answers
+    unlike the same request served alone afterwards (first-token logits or text)."""
+
+    answered: int = 0
+    left: int = 0
+    failed: list[str] = field(default_factory=list)
+    unlike: list[str] = field(default_factory=list)
+    modes: dict[str, int] = field(default_factory=dict)
+
+
+def answers_under_load(server: KVRagServer, requests: list[Request], clients: int, *, model: str,
+                       timeout: float = 300) -> LoadReport:
+    """Send `requests` from `clients` threads at once (those with `leave_after` streamed and left),
+    then each answered one again, alone; every answer under load must equal its solo answer, bit
+    for bit in its first-token logits and in its text."""
+    import queue
+    import threading
+
+    import httpx
+
+    report, answers = LoadReport(), {}
+    todo: "queue.Queue[int]" = queue.Queue()
+    for index in range(len(requests)):
+        todo.put(index)
+    lock = threading.Lock()
+
+    def ask(http: httpx.Client, request: Request, stream: bool) -> tuple[str, str, str] | None:
+        body = {"model": model, "max_tokens": request.max_tokens, "stream": stream,
+                "messages": [{"role": "user", "content": request.question}],
+                "kvrag": {"documents": list(request.documents), "memo": False}}
+        headers = {"Authorization": f"Bearer {request.key}"} if request.key else {}
+        if stream:
+            with http.stream("POST", server.url + "/chat/completions", json=body, headers=headers) as response:
+                for seen, _ in enumerate(response.iter_lines(), 1):
+                    if seen >= (request.leave_after or 1):
+                        return None  # the client goes away mid-answer
+            return None
+        response = http.post(server.url + "/chat/completions", json=body, headers=headers)
+        response.raise_for_status()
+        data = response.json()
+        return data["kvrag_receipt"]["first_token_logits_sha256"], data["choices"][0]["message"]["content"], \
+            data["kvrag_receipt"]["mode"]
+
+    def client() -> None:
+        with httpx.Client(timeout=timeout) as http:
+            while True:
+                try:
+                    index = todo.get_nowait()
+                except queue.Empty:
+                    return
+                request = requests[index]
+                try:
+                    answer = ask(http, request, stream=request.leave_after is not None)
+                except (httpx.HTTPError, KeyError, ValueError) as e:
+                    with lock:
+                        report.failed.append(f"request {index}: {type(e).__name__}: {e}")
+                    continue
+                with lock:
+                    if answer is None:
+                        report.left += 1
+                    else:
+                        answers[index] = answer
+                        report.answered += 1
+                        report.modes[answer[2]] = report.modes.get(answer[2], 0) + 1
+
+    threads = [threading.Thread(target=client, name=f"kvrag-load-client-{i}") for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with httpx.Client(timeout=timeout) as http:
+        for index, (sha, text, mode) in sorted(answers.items()):
+            solo = ask(http, requests[index], stream=False)
+            if solo is None or solo[:2] != (sha, text):
+                report.unlike.append(f"request {index} ({mode} under load, {solo[2] if solo else '-'} alone)")
+    return report

@@ -152,7 +152,7 @@ def test_a_deposit_read_for_an_answer_is_stored_only_if_it_reproduces_that_answe
 
     engine = KVEngine(model, MemoryStore())
     checked = engine.depositor.answers_checked
-    first = engine.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=2, deposit_missing=True)
+    engine.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=2, deposit_missing=True)
     assert engine.depositor.answers_checked == checked + 1 and engine.depositor.answers_refused == 0
     assert engine.generate(QUESTION, states=[DOC_A, DOC_B], max_new_tokens=2).receipt.mode == "exact-graft"
 
