@@ -85,6 +85,9 @@ class GraftCache(DynamicCache):
         if keys.shape[-2] < end or keys.shape[:-2] != like.shape[:-2] or keys.dtype != like.dtype:
             return False
         view_k, view_v = keys[:, :, :end], values[:, :, :end]
+        with torch.inference_mode():  # the last question's rows after the state: zeros, as a fresh buffer's are
+            keys[:, :, end:].zero_()
+            values[:, :, end:].zero_()
         if not layer.is_initialized:
             layer.lazy_initialization(view_k, view_v)
         layer.keys, layer.values = view_k, view_v
@@ -121,8 +124,11 @@ class GraftCache(DynamicCache):
         if not (held and _leads(layer.keys, keys) and _leads(layer.values, values) and held + added <= keys.shape[-2]):
             rows = -(-(held + added) // KEY_BLOCK) * KEY_BLOCK  # whole blocks; a later block is a new buffer
             spare = self._lease.spare(key_states, rows) if held and self._lease is not None else None
-            if spare is not None:  # memory a gone state's buffers left: no fresh pages (rows past ours finite)
+            if spare is not None:  # memory a gone state's buffers left: no fresh pages
                 keys, values = spare
+                # its rows past ours held another question's K/V: zeros, as a fresh buffer's are
+                keys[:, :, held + added :].zero_()
+                values[:, :, held + added :].zero_()
             else:
                 keys = key_value_buffer(key_states, rows, written=held + added)
                 values = key_value_buffer(value_states, rows, written=held + added)

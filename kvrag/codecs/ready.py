@@ -6,7 +6,8 @@ and the kernel reads the padded blocks as they lie. Making that buffer copies th
 (at 4,000 tokens of smollm2-135m, 176 MiB in float32: a fifth of a graft's time to first token).
 A state the memory tier holds is grafted again and again from the same immutable bytes, so the
 buffer made for one question serves the next: its first rows are the state's, never written; the
-rows after them are the question's scratch (finite, and masked for every row that cannot see them).
+rows after them are the question's scratch, zeroed when the next question takes the buffer (so a
+buffer's rows past its view are always zeros, whatever the last question wrote there).
 
 A buffer set is *leased* to one cache at a time (a second question at once makes its own copy, as
 before) and returned when that cache is done. It is kept only while its source bytes are: an
@@ -17,8 +18,8 @@ question), else the source itself (bytes the memory tier holds), and the whole i
 When a source goes (a Redis or disk read, once its question is done), its set, no longer leased,
 becomes *spare*: the next graft of a like shape copies its state into a spare buffer instead of
 fresh memory, which the kernel would fault in and zero page by page (on this project's VMs as
-costly as the copy itself). A spare's rows past what a graft writes hold an earlier question's
-K/V: finite, and masked for every row, as the kernel requires of a buffer's rows past its view.
+costly as the copy itself). A spare's rows past what a graft writes, which held an earlier
+question's K/V, are zeroed when it is taken, as a fresh buffer's are.
 """
 
 from __future__ import annotations

@@ -111,3 +111,50 @@ def test_a_set_made_from_a_read_buffer_goes_when_its_question_is_done(tmp_path):
         gc.collect()
         assert len(engine.continuer.ready) == 0  # its buffers are spares, never its set
     assert engine.continuer.ready.reuses == 0
+
+
+def test_a_spare_brings_nothing_of_its_last_question(tmp_path):
+    """Whatever a spare held (here: NaN everywhere, which masking alone would not keep out of the
+    sums), a graft copied into it answers with the bits of the text."""
+    model = tiny("llama")
+    engine = KVEngine(model, f"disk://{tmp_path}")
+    plain = KVEngine(model, MemoryStore(), ready_buffers_bytes=0)
+    refs = engine.deposit_chain([DOC_A, DOC_B])
+    pool = engine.continuer.ready
+    take = pool._take_spare
+
+    def poisoned(like, rows):
+        spare = take(like, rows)
+        if spare is not None:
+            for buffer in spare:
+                buffer.fill_(float("nan"))
+        return spare
+
+    pool._take_spare = poisoned
+    for question in QUESTIONS:
+        grafted = engine.generate(question, states=refs, max_new_tokens=3, memo=False)
+        gc.collect()
+        text = plain.generate(question, states=[DOC_A, DOC_B], max_new_tokens=3, memo=False, graft=False)
+        assert grafted.receipt.first_token_logits_sha256 == text.receipt.first_token_logits_sha256
+    assert pool.spares_taken >= len(QUESTIONS) - 1
+
+
+def test_a_kept_buffer_brings_nothing_of_its_last_question():
+    """The rows a question wrote after a kept state (here: made NaN after it) are not the next
+    question's: it answers with the bits of the text."""
+    import torch
+    model = tiny("llama")
+    engine = KVEngine(model, MemoryStore())
+    plain = KVEngine(model, MemoryStore(), ready_buffers_bytes=0)
+    refs = engine.deposit_chain([DOC_A, DOC_B])
+    pool = engine.continuer.ready
+    for question in QUESTIONS:
+        grafted = engine.generate(question, states=refs, max_new_tokens=3, memo=False)
+        text = plain.generate(question, states=[DOC_A, DOC_B], max_new_tokens=3, memo=False, graft=False)
+        assert grafted.receipt.first_token_logits_sha256 == text.receipt.first_token_logits_sha256
+        with torch.inference_mode():  # what the question left after the state: poisoned
+            for entry in pool._entries.values():
+                for keys, values in entry.layers.values():
+                    keys[:, :, refs[-1].end:].fill_(float("nan"))
+                    values[:, :, refs[-1].end:].fill_(float("nan"))
+    assert pool.reuses >= len(QUESTIONS) - 1
