@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -278,6 +279,26 @@ class LoadReport:
     modes: dict[str, int] = field(default_factory=dict)
 
 
+def _ask(http: Any, server: KVRagServer, request: Request, model: str, *, stream: bool) -> tuple[str, str, str] | None:
+    """One request: (first-token logits SHA-256, text, mode), or None when streamed (its client
+    goes away after `leave_after` lines)."""
+    body = {"model": model, "max_tokens": request.max_tokens, "stream": stream,
+            "messages": [{"role": "user", "content": request.question}],
+            "kvrag": {"documents": list(request.documents), "memo": False}}
+    headers = {"Authorization": f"Bearer {request.key}"} if request.key else {}
+    if stream:
+        with http.stream("POST", server.url + "/chat/completions", json=body, headers=headers) as response:
+            for seen, _ in enumerate(response.iter_lines(), 1):
+                if seen >= (request.leave_after or 1):
+                    break
+        return None
+    response = http.post(server.url + "/chat/completions", json=body, headers=headers)
+    response.raise_for_status()
+    data = response.json()
+    receipt = data["kvrag_receipt"]
+    return receipt["first_token_logits_sha256"], data["choices"][0]["message"]["content"], receipt["mode"]
+
+
 def answers_under_load(server: KVRagServer, requests: list[Request], clients: int, *, model: str,
                        timeout: float = 300) -> LoadReport:
     """Send `requests` from `clients` threads at once (those with `leave_after` streamed and left),
@@ -294,23 +315,6 @@ def answers_under_load(server: KVRagServer, requests: list[Request], clients: in
         todo.put(index)
     lock = threading.Lock()
 
-    def ask(http: httpx.Client, request: Request, stream: bool) -> tuple[str, str, str] | None:
-        body = {"model": model, "max_tokens": request.max_tokens, "stream": stream,
-                "messages": [{"role": "user", "content": request.question}],
-                "kvrag": {"documents": list(request.documents), "memo": False}}
-        headers = {"Authorization": f"Bearer {request.key}"} if request.key else {}
-        if stream:
-            with http.stream("POST", server.url + "/chat/completions", json=body, headers=headers) as response:
-                for seen, _ in enumerate(response.iter_lines(), 1):
-                    if seen >= (request.leave_after or 1):
-                        return None  # the client goes away mid-answer
-            return None
-        response = http.post(server.url + "/chat/completions", json=body, headers=headers)
-        response.raise_for_status()
-        data = response.json()
-        return data["kvrag_receipt"]["first_token_logits_sha256"], data["choices"][0]["message"]["content"], \
-            data["kvrag_receipt"]["mode"]
-
     def client() -> None:
         with httpx.Client(timeout=timeout) as http:
             while True:
@@ -320,7 +324,7 @@ def answers_under_load(server: KVRagServer, requests: list[Request], clients: in
                     return
                 request = requests[index]
                 try:
-                    answer = ask(http, request, stream=request.leave_after is not None)
+                    answer = _ask(http, server, request, model, stream=request.leave_after is not None)
                 except (httpx.HTTPError, KeyError, ValueError) as e:
                     with lock:
                         report.failed.append(f"request {index}: {type(e).__name__}: {e}")
@@ -340,7 +344,7 @@ def answers_under_load(server: KVRagServer, requests: list[Request], clients: in
         thread.join()
     with httpx.Client(timeout=timeout) as http:
         for index, (sha, text, mode) in sorted(answers.items()):
-            solo = ask(http, requests[index], stream=False)
+            solo = _ask(http, server, requests[index], model, stream=False)
             if solo is None or solo[:2] != (sha, text):
                 report.unlike.append(f"request {index} ({mode} under load, {solo[2] if solo else '-'} alone)")
     return report
