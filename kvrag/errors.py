@@ -29,7 +29,9 @@ The explicit state APIs (`KVEngine.restore`, `KVEngine.deposit(after=...)`) rais
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 __all__ = [
     "Reason",
@@ -49,6 +51,7 @@ __all__ = [
     "StoreTimeoutError",
     "StreamFailedError",
     "RedirectError",
+    "cause_of",
 ]
 
 #: Why a segment was read as text, as a receipt says it: a `StateError`'s reason, or one of the
@@ -152,3 +155,14 @@ class StreamFailedError(KVRagError):
 class RedirectError(StoreError):
     """The cluster node no longer serves the key's slot (`MOVED`/`ASK`): redis-py, which follows
     redirections and refreshes its slot map, reads it instead."""
+
+
+def cause_of(error: BaseException, kind: type[E]) -> E | None:
+    """`error` itself or the first error in its cause chain that is a `kind` (None if none is),
+    looking 8 deep at most (a chain is not followed forever)."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None or isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

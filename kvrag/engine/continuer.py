@@ -256,24 +256,21 @@ class Continuer:
         """The context grafted or read, then the feed read: the prefill, its uses and the last logits."""
         run = Prefill(self.runner, self.ready, forward)
         try:
-            uses = self._context(run, c, deadline, stream=self.stream_grafts)
-            logits = run.text(c.feed)
-            notes = run.end_streams(deadline)
-            uses = [u.model_copy(update={"detail": notes[u.key]}) if u.source == "graft" and u.key in notes else u
-                    for u in uses]
-        except StreamFailedError:
-            # a streamed state failed after its graft began: its cache is dropped and the whole
-            # context read again, nothing streamed (what a later tier served whole is grafted as it
-            # came; otherwise the next tier or the text answers for it)
-            found = run.drop_streams(deadline)
-            run.cache.release()
-            run = Prefill(self.runner, self.ready, forward)
             try:
+                uses = self._context(run, c, deadline, stream=self.stream_grafts)
+                logits = run.text(c.feed)
+                notes = run.end_streams(deadline)
+                uses = [u.model_copy(update={"detail": notes[u.key]}) if u.source == "graft" and u.key in notes
+                        else u for u in uses]
+            except StreamFailedError:
+                # a streamed state failed after its graft began: its cache is dropped and the whole
+                # context read again, nothing streamed (what a later tier served whole is grafted as it
+                # came; otherwise the next tier or the text answers for it)
+                found = run.drop_streams(deadline)
+                run.cache.release()
+                run = Prefill(self.runner, self.ready, forward)
                 uses = self._context(run, c, deadline, stream=False, read=found)
                 logits = run.text(c.feed)
-            except BaseException:
-                run.cache.release()
-                raise
         except BaseException:
             run.cache.release()  # a prompt that failed gives its kept buffers back at once
             raise

@@ -37,12 +37,6 @@ class Runtime:
         #: the generations' reads and steps, several per forward (`kvrag serve`); None: each its own
         self.batcher: Batcher | None = None
 
-    def batch(self, rows: int, **kwargs: object) -> Batcher:
-        """The batch of this model's generations, made once (`rows` per forward at most)."""
-        if self.batcher is None:
-            self.batcher = Batcher(self.runner, rows=rows, **kwargs)  # type: ignore[arg-type]
-        return self.batcher
-
     def close(self, timeout: float | None = None) -> bool:
         """Take no more deposits; run those queued (at most `timeout` seconds, default the queue's
         `max_wait_s`); end the batch. False if some deposits were left."""

@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -174,7 +174,7 @@ def _routes(app: FastAPI, state: AppState) -> None:
             "tiers": [{"kind": t.url.partition("://")[0], "open": not t.breaker.is_open} for t in w.engine.tiers],
             # every tenant's engine is a view over the worker's one runtime: one deposit worker, one buffer pool
             "tenants": w.tenants,
-            "deposits": w.engine.deposits.stats.__dict__ | {"pending_bytes": w.engine.deposits.pending_bytes},
+            "deposits": asdict(w.engine.deposits.stats) | {"pending_bytes": w.engine.deposits.pending_bytes},
         }
 
     @app.get("/metrics")

@@ -12,9 +12,9 @@ import logging
 import threading
 from urllib.parse import urlsplit, urlunsplit
 
-from kvrag.errors import KVRagError, StoreUnavailableError
+from kvrag.errors import KVRagError, StoreUnavailableError, cause_of
 
-__all__ = ["went_down", "answered", "is_down", "part_of_an_outage", "log_failure", "public_url"]
+__all__ = ["went_down", "answered", "part_of_an_outage", "log_failure", "public_url"]
 
 log = logging.getLogger("kvrag.stores")
 
@@ -62,20 +62,9 @@ def answered(url: str) -> None:
         log.warning("%s answers again: its states are grafted again", name)
 
 
-def is_down(url: str) -> bool:
-    return public_url(url) in _down
-
-
 def part_of_an_outage(error: BaseException) -> bool:
     """Whether `error` comes of a store being unavailable (already reported by `went_down`)."""
-    seen: BaseException | None = error
-    for _ in range(8):  # the cause chain, not followed forever
-        if seen is None:
-            return False
-        if isinstance(seen, StoreUnavailableError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return cause_of(error, StoreUnavailableError) is not None
 
 
 def log_failure(logger: logging.Logger, message: str, *args: object, error: KVRagError) -> None:

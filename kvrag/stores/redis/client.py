@@ -100,7 +100,7 @@ class RedisStore(StateStore, BlobStore):
         self._probe = probe
 
     def make_breaker(self) -> Breaker:
-        return Breaker(probe=self._probe, name=self.url)
+        return Breaker(probe=self._probe)
 
     @property
     def client(self) -> Any:

@@ -11,7 +11,7 @@ import ssl
 from typing import Any, Callable
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from kvrag.errors import StoreError
+from kvrag.errors import StoreError, cause_of
 from kvrag.stores.base import shorten
 from kvrag.stores.outages import public_url
 from kvrag.stores.redis.client import RedisStore
@@ -260,7 +260,7 @@ def _check_tls(url: str, nodes: list[tuple[str, int]], clients: list[Callable[[]
             client.ping()
             return
         except Exception as e:  # noqa: BLE001 - only a TLS failure is ours to raise; the rest is "down" or later
-            tls = _tls_failure(e)
+            tls = cause_of(e, ssl.SSLError)
             if isinstance(tls, ssl.SSLCertVerificationError):
                 raise StoreError(f"{public_url(url)}: the certificate of {host}:{port} is not trusted ({tls.verify_message}): "
                                  "give the CA that signed it with ssl_ca_certs=PATH in the URL or KVRAG_REDIS_CA_CERT "
@@ -272,16 +272,6 @@ def _check_tls(url: str, nodes: list[tuple[str, int]], clients: list[Callable[[]
                                  "for a plaintext server, or turn TLS on in the server (tls-port)") from e
         finally:
             client.close()
-
-
-def _tls_failure(error: BaseException) -> ssl.SSLError | None:
-    """The `ssl.SSLError` under a redis-py error, if one is."""
-    seen: BaseException | None = error
-    for _ in range(8):
-        if seen is None or isinstance(seen, ssl.SSLError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 def _speaks_plaintext(host: str, port: int) -> bool:
