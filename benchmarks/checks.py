@@ -19,11 +19,11 @@ import time
 from kvrag import KVEngine, MemoryStore, load_model
 from kvrag.artifacts import chunk_digests, parse_manifest
 from kvrag.artifacts.digests import open_payload
+from kvrag.artifacts.payloads import chunking_of
 from kvrag.data import long_document
 from kvrag.server.app import ApiKey, ServeSettings
 from kvrag.trust import derive_tenant_key
 from kvrag.trust.confidential import encrypt_record, open_manifest, open_record
-from kvrag.trust.payloads import chunking_of
 from kvrag.trust.signing import check_manifest_bytes, seal, unseal
 
 

@@ -31,10 +31,10 @@ from tqdm import tqdm
 from kvrag import KVEngine, load_model
 from kvrag.artifacts.digests import CHUNK_BYTES, PayloadChunking, chunk_digests, open_payload
 from kvrag.artifacts.format import StateManifest
+from kvrag.artifacts.payloads import chunking_of, seal_payload
 from kvrag.data import long_document
 from kvrag.stores import Accepted, open_store
 from kvrag.testing import RedisCluster, RedisServer
-from kvrag.trust.payloads import chunking_of, seal_payload
 
 QUESTION = "According to the document, who built the lighthouse at Varrow Point, and when?"
 KEY = b"a-benchmark-signing-key"

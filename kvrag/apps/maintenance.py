@@ -12,12 +12,12 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ValidationError
 
 from kvrag.artifacts.format import decode_payload, parse_manifest
+from kvrag.artifacts.payloads import chunking_of
 from kvrag.core.protocol import BlendLimits
 from kvrag.errors import KVRagError, SignatureError, StateNotFoundError
 from kvrag.reuse.gate import GateResult
 from kvrag.stores import Accepted, DiskStore, RedisStore, StateStore
 from kvrag.trust.confidential import is_private_manifest, open_manifest
-from kvrag.trust.payloads import chunking_of
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import check_manifest_bytes
 from kvrag.trust.tenants import key_for

@@ -2,7 +2,7 @@
 
 A payload is stored as fixed-size chunks. A manifest commits to each chunk's SHA-256 (the record
 of what was stored) and, in states written since, to a faster per-read check: a keyed tag, or the
-tag of an AEAD that also keeps the chunk confidential (see `kvrag.trust.payloads`). A reader checks
+tag of an AEAD that also keeps the chunk confidential (see `kvrag.artifacts.payloads`). A reader checks
 each chunk with the chunking's `ChunkOpener` on the hashing threads (hashlib, BLAKE3 and OpenSSL
 release the GIL on large buffers) while the next one is on the wire, and hands over a buffer that
 records what checked it; nothing is checked twice.

@@ -6,7 +6,7 @@ manifest, then its safetensors header is parsed with a size cap and every entry 
 the manifest's shapes and dtypes before a tensor view is made over the buffer (zero-copy).
 Integrity is checked chunk by chunk (in parallel; see `kvrag.artifacts.digests`): by the
 manifest's keyed tags, or the AEAD tags of a confidential state (`payload_seal`, see
-`kvrag.trust.payloads`), else, for a manifest that names neither, by the chunks' SHA-256 digests. The
+`kvrag.artifacts.payloads`), else, for a manifest that names neither, by the chunks' SHA-256 digests. The
 whole-payload SHA-256 of the plaintext is recorded as the exactness record, computed once at
 deposit; no read waits on it.
 """
@@ -113,7 +113,7 @@ AEAD_TAG_BYTES = 16
 
 
 class PayloadSeal(BaseModel):
-    """The payload's per-read check, keyed by the signing key (see `kvrag.trust.payloads`).
+    """The payload's per-read check, keyed by the signing key (see `kvrag.artifacts.payloads`).
 
     `blake3-keyed/1`: `tags` holds one keyed BLAKE3 tag per stored chunk, bound to the state's key
     and the chunk's index. `aes-256-gcm/1`: each stored chunk is its plaintext chunk encrypted
@@ -162,7 +162,7 @@ class StateManifest(BaseModel):
     @property
     def chunking(self) -> PayloadChunking:
         """The stored payload's size and chunk SHA-256 digests, checked by those digests (a reader
-        with the signing key checks by `payload_seal` instead: `kvrag.trust.payloads.chunking_of`)."""
+        with the signing key checks by `payload_seal` instead: `kvrag.artifacts.payloads.chunking_of`)."""
         return PayloadChunking(self.payload_bytes, self.payload_chunk_bytes, tuple(self.payload_chunks))
 
     @property

@@ -6,7 +6,7 @@ engine's key (unsigned only where the reader opted in), they parse, are for the 
 this hardware, its token ids are in the model's vocabulary, its key is the content address of its
 own tokens and parent, it sits at the position and after the chain it is needed at, it was
 verified at deposit, and each layer's entry fits its codec. Then the payload:
-each chunk by its keyed tag or AEAD tag (`kvrag.trust.payloads`; the SHA-256 digests of
+each chunk by its keyed tag or AEAD tag (`kvrag.artifacts.payloads`; the SHA-256 digests of
 a manifest that names neither) as it arrives, and every tensor header against the manifest. A failed check raises the
 `StateError` whose `reason` the receipt will name.
 """
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from kvrag.artifacts.format import StateManifest, decode_payload, parse_manifest, state_key
+from kvrag.artifacts.payloads import chunking_of
 from kvrag.codecs import LayerCodec, StatePart
 from kvrag.core.schedule import Segment
 from kvrag.errors import ForeignStateError, IntegrityError, SignatureError
@@ -24,7 +25,6 @@ from kvrag.models.fingerprints import HardwareFingerprint
 from kvrag.stores import Accepted, StateStore
 from kvrag.trust.confidential import open_manifest
 from kvrag.trust.identity import EngineIdentity
-from kvrag.trust.payloads import chunking_of
 from kvrag.trust.signing import check_manifest_bytes
 
 __all__ = ["Restored", "StateAcceptance"]

@@ -6,7 +6,7 @@ extracted, and the state is verified by the canary: the canary question's logits
 the stored bytes must equal its logits after the fresh prefill, SHA-256 for SHA-256. Only then is
 the manifest (fingerprints, digests, the deposit receipt) signed and written, after the payload.
 The payload is stored with keyed per-chunk tags, or encrypted for a confidential engine (see
-`kvrag.trust.payloads`); its SHA-256 is computed here, once, as the exactness record.
+`kvrag.artifacts.payloads`); its SHA-256 is computed here, once, as the exactness record.
 A chain therefore costs one prefill per state, not one per ancestor. Under the invariant kernel
 each new state is also indexed by its prefix (`kvrag.core.prefixes`), so any prompt that begins
 with its tokens finds it.
@@ -23,10 +23,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import torch
+
 from kvrag.artifacts.digests import chunk_digests
 from kvrag.artifacts.format import DepositReceipt, StateManifest, encode_payload, plaintext_tensors, sha256_hex
+from kvrag.artifacts.payloads import seal_payload
 from kvrag.codecs import StatePart, extract, install
 from kvrag.core.acceptance import Restored
+from kvrag.core.batching import Batcher
 from kvrag.core.prefixes import PrefixRecords
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import ModelRunner, logits_sha256
@@ -37,7 +41,6 @@ from kvrag.stores import StateStore
 from kvrag.stores.deadline import Deadline
 from kvrag.trust.confidential import encrypt_manifest
 from kvrag.trust.identity import EngineIdentity
-from kvrag.trust.payloads import seal_payload
 from kvrag.trust.signing import sign_manifest
 
 __all__ = ["CANARY_QUESTION", "Depositor", "Answered"]
@@ -77,6 +80,8 @@ class Depositor:
         self.whereabouts, self.prefixes, self.confidential = whereabouts, prefixes, confidential
         #: chains checked against the answer they were read for, and those refused by the check
         self.answers_checked = self.answers_refused = 0
+        #: the model's batch, when it has one (`kvrag serve`): a deposit's reads join its forwards
+        self.batcher: Batcher | None = None
 
     def canary_ids(self) -> list[int]:
         return self.planner.layout.question_ids(CANARY_QUESTION)
@@ -114,7 +119,7 @@ class Depositor:
         """The chain grafted, then the answer's question read: its logits must be the answer's."""
         cache = self.runner.new_cache()
         install(self.runner.codecs, cache, chain, self.runner.device)
-        sha = logits_sha256(self.runner.forward(list(answered.feed), cache))
+        sha = logits_sha256(self._read(list(answered.feed), cache))
         cache.release()
         self.answers_checked += 1
         if sha != answered.first_token_logits_sha256:
@@ -122,6 +127,16 @@ class Depositor:
             raise VerificationError(
                 f"the chain ending in state {last.key[:12]} did not reproduce the answer it was read for (first-token "
                 f"logits {sha[:12]} != {answered.first_token_logits_sha256[:12]}); nothing of it was stored")
+
+    def _read(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
+        """One read of a deposit: where the model has a batch, in its background (a forward no answer
+        waits on, or packed beside the answers' rows once it has waited: `kvrag.core.batching`),
+        else a forward of its own; in the model's turn either way. A thread that holds the model
+        already reads in its own turn."""
+        if self.batcher is None or self.runner.model.turns.held:
+            return self.runner.forward(ids, cache)
+        with self.batcher.lane(background=True) as lane:
+            return lane.read(ids, cache)
 
     def ensure(self, segment: Segment) -> None:
         """Deposit `segment` unless some tier holds it whole already."""
@@ -149,7 +164,7 @@ class Depositor:
         part = StatePart(segment.start, segment.end, unverified.layers, plaintext_tensors(memoryview(payload), unverified))
         grafted = self.runner.new_cache()
         install(self.runner.codecs, grafted, [*ancestors, part], self.runner.device)
-        graft_sha = logits_sha256(self.runner.forward(canary, grafted))
+        graft_sha = logits_sha256(self._read(canary, grafted))
         fresh_sha = unverified.deposit.fresh_logits_sha256
         if graft_sha != fresh_sha:
             raise VerificationError(
@@ -175,9 +190,9 @@ class Depositor:
         began = time.perf_counter()
         fresh = runner.new_cache()
         install(runner.codecs, fresh, ancestors, runner.device)
-        runner.forward(segment.ids, fresh)
+        self._read(segment.ids, fresh)
         layers, tensors = extract(runner.codecs, fresh, segment.start, segment.end)
-        fresh_sha = logits_sha256(runner.forward(canary, fresh))
+        fresh_sha = logits_sha256(self._read(canary, fresh))
         compute_ms = (time.perf_counter() - began) * 1e3
         payload = encode_payload(tensors)
         del tensors, fresh

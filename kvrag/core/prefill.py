@@ -9,8 +9,9 @@ time is the read's whole duration. The counters and timings feed the receipt.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -46,14 +47,23 @@ class Prefill:
         self.restore_s = self.prefill_s = 0.0
         self.reused = self.prefilled = 0
 
-    def graft(self, fetch: Callable[[], Graftable]) -> Graftable:
-        """Fetch a part with `fetch()` (which raises a `StateError` to refuse it) and queue it."""
-        fetched = self.fetch(fetch)
+    def graft(self, fetched: Graftable) -> Graftable:
+        """Queue a fetched part (its `text_before`, if any, prefilled first)."""
+        self.admit(fetched)
         self.pending.append(fetched.part)
         if fetched.stream is not None:
             self.streams.append(fetched.stream)
         self.reused += fetched.part.end - fetched.part.start
         return fetched
+
+    @contextmanager
+    def restoring(self) -> Iterator[None]:
+        """Time what the block does (fetching a part) as restore."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.restore_s += time.perf_counter() - t
 
     def flush(self, *, deferred: bool = False) -> None:
         """Graft what is queued; `deferred`: a streamed part's layers as the next forward reaches them."""
@@ -97,13 +107,7 @@ class Prefill:
         self.streams = []
         return notes
 
-    def fetch(self, fetch: Callable[[], Graftable]) -> Graftable:
-        """`fetch()`, timed as restore, with any ids it needs read as text first prefilled."""
-        t = time.perf_counter()
-        try:
-            fetched = fetch()
-        finally:
-            self.restore_s += time.perf_counter() - t
+    def admit(self, fetched: Graftable) -> None:
+        """Prefill the ids a fetched part needs read as text just before it."""
         if fetched.text_before:
             self.text(fetched.text_before)
-        return fetched

@@ -15,7 +15,7 @@ import torch
 
 from kvrag.codecs import GraftCache, LayerCodec, ReadyBuffers, codecs_for, new_cache
 from kvrag.core.sampling import Sampler, Sampling
-from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS, Packing, packed
+from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS, PACKING, Packing
 from kvrag.kernels.linear import linear_kernel
 from kvrag.models.loading import LoadedModel
 
@@ -178,11 +178,12 @@ class ModelRunner:
         packing = Packing(spans)
         # a prepared mask stops transformers from making one; the packing's attention never reads it
         mask = torch.ones((1, 1, rows, rows), dtype=torch.bool, device=device)
-        with torch.inference_mode(), packed(packing):
+        with torch.inference_mode():
             out = self.model.hf_model(input_ids=torch.tensor([ids], dtype=torch.long, device=device),
                                       position_ids=torch.tensor([positions], dtype=torch.long, device=device),
                                       attention_mask=mask, cache=_PackedCache([s.cache for s in steps], packing),
-                                      use_cache=True, logits_to_keep=torch.tensor(keep, device=device))
+                                      use_cache=True, logits_to_keep=torch.tensor(keep, device=device),
+                                      **{PACKING: packing})
         for cache, held, added, padding in undo:
             self._unpad(cache, held, added, padding)
         return list(out.logits[0])

@@ -34,7 +34,7 @@ from kvrag.stores.deadline import Deadline
 from kvrag.trust.identity import EngineIdentity
 
 if TYPE_CHECKING:
-    from kvrag.engine.batching import Batcher, Lane
+    from kvrag.core.batching import Batcher, Lane
 
 __all__ = ["Continuer"]
 
@@ -59,7 +59,7 @@ class Continuer:
         self.restorer = restorer
         self.layout = layout
         self.deadline_s = deadline_s
-        #: decoding steps batched with other generations' (`kvrag.engine.batching`; None: each alone)
+        #: decoding steps batched with other generations' (`kvrag.core.batching`; None: each alone)
         self.batcher: Batcher | None = None
 
     def stream(self, continuation: Continuation) -> GenerationStream:
@@ -99,8 +99,10 @@ class Continuer:
             run.text(segment.ids)
             return StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation")
         try:
-            grafted = run.graft(lambda: Graftable(found.value.part, found.tier, found.notes) if found is not None
-                                else self.restorer.graftable(segment, deadline, stream=stream))
+            with run.restoring():
+                fetched = (Graftable(found.value.part, found.tier, found.notes) if found is not None
+                           else self.restorer.graftable(segment, deadline, stream=stream))
+            grafted = run.graft(fetched)
             return StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes)
         except StateError as e:
             if c.memo and index == len(c.context) - 1:
@@ -136,15 +138,14 @@ class Continuer:
         `c.blend`): an approximate graft the receipt labels as one."""
         doc_ids = self.layout.document_ids(segment.text)
 
-        def moved_state() -> Graftable:
-            return moved_graft(self.runner.model.hf_model, self.runner.codecs, self.restorer.fetch(req.key, None, deadline),
-                               doc_ids, segment, rerotate=c.rerotate)
-
+        with run.restoring():
+            moved = moved_graft(self.runner.model.hf_model, self.runner.codecs, self.restorer.fetch(req.key, None, deadline),
+                                doc_ids, segment, rerotate=c.rerotate)
         if c.blend is not None:
-            grafted, count = blend_into(run, moved_state, doc_ids, c.blend)
+            grafted, count = blend_into(run, moved, doc_ids, c.blend)
             detail += f" Moved and blended: {count} of {len(doc_ids)} tokens recomputed."
         else:
-            grafted = run.graft(moved_state)
+            grafted = run.graft(moved)
         return StateUse(**span, source="approximate", tier=grafted.tier, reason="moved", detail=detail)
 
     def _own_stored_run(self, context: Sequence[Segment], deadline: Deadline) -> int:
@@ -196,7 +197,7 @@ class Continuer:
         uses = []
         for found, part, shared in plan:
             manifest = found.value.manifest
-            run.graft(lambda part=part, found=found: Graftable(part, found.tier, found.notes))
+            run.graft(Graftable(part, found.tier, found.notes))
             cut = f"its first {shared} of {manifest.token_count} tokens: the longest stored prefix"
             uses.append(StateUse(key=manifest.key, start=part.start, end=part.end, source="graft", tier=found.tier,
                                  detail=cut if shared < manifest.token_count else found.notes))

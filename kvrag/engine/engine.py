@@ -17,7 +17,8 @@ The model is only ever called through `kvrag.core.runner.ModelRunner`.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Sequence
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from typing_extensions import Unpack
 
@@ -37,25 +38,26 @@ from kvrag.core.schedule import Planner, Segment, StateRef
 from kvrag.core.transcript import Message, Renderer
 from kvrag.core.whereabouts import Whereabouts
 from kvrag.engine.continuer import Continuer
+from kvrag.engine.gate import EngineGate
+from kvrag.engine.memo import EngineMemo
 from kvrag.engine.runtime import Runtime
 from kvrag.engine.transcripts import Transcripts, read_as_text
-from kvrag.errors import InputError
+from kvrag.errors import InputError, KVRagError
 from kvrag.kernels.attention import INVARIANT
 from kvrag.models.loading import LoadedModel, load_model
 from kvrag.reuse.admission import Admission
 from kvrag.reuse.blend import DEFAULT_RECOMPUTE_RATIO
-from kvrag.reuse.deposit_queue import deposit_after
-from kvrag.reuse.gate import BlendGate
 from kvrag.reuse.levers import reorder
-from kvrag.reuse.memo import Memo
 from kvrag.stores import StateStore, open_store
 from kvrag.stores.deadline import DEFAULT_DEADLINE_S, Deadline
+from kvrag.stores.outages import log_failure
 from kvrag.trust.identity import EngineIdentity
 from kvrag.trust.records import SealedRecords
 from kvrag.trust.signing import warn_if_unshared
 from kvrag.trust.tenants import key_for
 
 log = logging.getLogger("kvrag")
+deposits_log = logging.getLogger("kvrag.deposits")
 
 __all__ = ["KVEngine", "StateRef", "Segment", "Message", "Continuation", "Generation", "GenerationStream",
            "GenerationOptions", "CANARY_QUESTION", "logits_sha256"]
@@ -161,11 +163,11 @@ class KVEngine(Transcripts):
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, self.deadline_s,
                                    self.prefixes, self.whereabouts, stream_grafts=stream_grafts,
                                    ready=self.runtime.ready, deposits=self.deposits)
-        self.continuer.batcher = self.runtime.batcher
+        self.continuer.batcher = self.depositor.batcher = self.runtime.batcher
         self.admission = Admission()  # which chains read as text are deposited (`admit_after`)
-        self.memo = Memo(self.identity, self.planner, self.records, self.depositor, self.restorer, self.run,
+        self.memo = EngineMemo(self.identity, self.planner, self.records, self.depositor, self.restorer, self.run,
                          vocabulary=self.model.vocabulary, deadline_s=self.deadline_s)
-        self.gate = BlendGate(self.identity, self.planner, self.records, self.depositor, self.run,
+        self.gate = EngineGate(self.identity, self.planner, self.records, self.depositor, self.run,
                               limits=self.blend_limits, deadline_s=self.deadline_s)
 
     @classmethod
@@ -316,16 +318,29 @@ class KVEngine(Transcripts):
         """`answer`, then the `segments(generation)` it names deposited: after its last delta, or
         with `deposit_in_background`, on the worker of `self.deposits` (off the answer's path). A
         chain that is the answer's own `context` is stored only if it reproduces the answer, read
-        after it from `feed` (`kvrag.core.deposit.Answered`)."""
+        after it from `feed` (`kvrag.core.deposit.Answered`). The answer stands whatever the
+        deposit meets; the next ask then re-reads the text."""
         queue = self.deposits if opts.deposit_in_background else None
         keys = [s.key for s in context]
 
-        def deposit(chain: Sequence[Segment], generation: Generation) -> object:
-            own = generation.receipt.exact and [s.key for s in chain] == keys
-            answered = Answered(tuple(feed), generation.receipt.first_token_logits_sha256) if own else None
-            return self.depositor.extend(chain, answered)
+        def steps() -> Iterator[str]:
+            yield from answer
+            generation = answer.result()
+            try:
+                chain = segments(generation)
+                own = generation.receipt.exact and [s.key for s in chain] == keys
+                answered = Answered(tuple(feed), generation.receipt.first_token_logits_sha256) if own else None
+                if queue is None:
+                    self.depositor.extend(chain, answered)
+                else:
+                    grafted = {use.key for use in generation.receipt.states if use.source == "graft"}
+                    queue.submit(chain, what, missing={s.key for s in chain if s.key not in grafted},
+                                 deposit=partial(self.depositor.extend, answered=answered))
+            except KVRagError as e:
+                log_failure(deposits_log, "answered, but could not deposit %s afterwards: %s", what, e, error=e)
+            return generation
 
-        return deposit_after(answer, segments, deposit, queue, what)
+        return GenerationStream(steps())
 
     def run(self, continuation: Continuation) -> GenerationStream:
         """Run a continuation: its context grafted where stored, its ids fed, decoding up to N tokens."""

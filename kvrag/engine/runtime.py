@@ -13,8 +13,8 @@ from types import TracebackType
 
 from kvrag.codecs import ReadyBuffers
 from kvrag.codecs.ready import DEFAULT_READY_BYTES
+from kvrag.core.batching import Batcher
 from kvrag.core.runner import ModelRunner
-from kvrag.engine.batching import Batcher
 from kvrag.kernels.attention import INVARIANT
 from kvrag.models.loading import LoadedModel
 from kvrag.reuse.deposit_queue import DepositQueue

@@ -41,17 +41,18 @@ from __future__ import annotations
 
 import threading
 import weakref
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from kvrag.errors import ModelError
 
 __all__ = ["INVARIANT", "KEY_BLOCK", "QUERY_BLOCK", "MIN_QUERY_ROWS", "QUERY_CHUNK", "MIN_FORWARD_ROWS",
-           "invariant_attention", "query_rows", "key_value_buffer", "buffer_of", "register", "Packing", "packed"]
+           "invariant_attention", "query_rows", "key_value_buffer", "buffer_of", "register", "Packing", "PACKING"]
 
 INVARIANT = "invariant"
+#: the keyword argument of a model forward that packs several sequences' rows (a `Packing`)
+PACKING = "kvrag_packing"
 #: keys are padded to whole blocks of this many, aligned at absolute position 0 (the CPU flash
 #: kernel's key block: it reduces over keys in blocks of 512 once a call holds 512 or more)
 KEY_BLOCK = 512
@@ -88,8 +89,9 @@ def invariant_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: `query` [b, h, q, d], `key`/`value` [b, h_kv, kv, d],
     `attention_mask` boolean (True: may attend), additive, or None (causal), [b, 1, q, kv];
-    returns [b, q, h, d]. Inside `packed(...)`, the rows are several sequences' (see `Packing`)."""
-    packing: Packing | None = getattr(_PACKED, "current", None)
+    returns [b, q, h, d]. With `kvrag_packing` (a model forward's keyword argument, which
+    transformers hands every layer's attention), the rows are several sequences' (see `Packing`)."""
+    packing: Packing | None = kwargs.pop(PACKING, None)
     if packing is not None:
         return packing.attend(module, query, scaling, softcap, kwargs), None
     return _attention(module, query, key, value, attention_mask, scaling, softcap, kwargs), None
@@ -165,20 +167,6 @@ def _one_row(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, chun
     grouped = torch.nn.functional.pad(query.reshape(batch, kv_heads, group, head_dim), (0, 0, 0, rows.numel() - group))
     out = _sdpa(grouped, keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=mask, scale=scaling)
     return out[:, :, :group].reshape(batch, 1, heads, head_dim)
-
-
-#: the packed forward under way on this thread, if any
-_PACKED = threading.local()
-
-
-@contextmanager
-def packed(packing: Packing) -> Iterator[Packing]:
-    """Run a forward on this thread as `packing` says (see `Packing`)."""
-    _PACKED.current = packing
-    try:
-        yield packing
-    finally:
-        _PACKED.current = None
 
 
 def query_rows(n: int) -> int:

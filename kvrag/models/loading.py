@@ -25,6 +25,7 @@ from kvrag.errors import ModelError
 from kvrag.kernels.attention import INVARIANT, register
 from kvrag.models.fingerprints import ModelFingerprint, model_fingerprint
 from kvrag.models.tiny import TINY_FAMILIES, build_byte_tokenizer, build_tiny_model
+from kvrag.models.tokenizing import thread_safe
 from kvrag.models.turns import Turns
 from kvrag.paths import kvrag_home
 
@@ -68,7 +69,8 @@ _LOADING = threading.Lock()
 
 @dataclass(eq=False)
 class LoadedModel:
-    """A frozen causal LM, its tokenizer, and what it was loaded as (the fingerprint's inputs)."""
+    """A frozen causal LM, its tokenizer (safe to call from any thread: `kvrag.models.tokenizing`),
+    and what it was loaded as (the fingerprint's inputs)."""
 
     name: str
     hf_model: Any
@@ -79,6 +81,9 @@ class LoadedModel:
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
     #: the model's one lock: every forward over it runs in its turn (`kvrag.models.turns`)
     turns: Turns = field(default_factory=Turns, repr=False)
+
+    def __post_init__(self) -> None:
+        thread_safe(self.tokenizer)
 
     @property
     def config(self) -> Any:

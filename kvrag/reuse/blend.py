@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -105,10 +105,10 @@ def recompute(runner: ModelRunner, cache: Any, ids: Sequence[int], start: int, s
             layer.keys, layer.values = keys[:, :, :end].contiguous(), values[:, :, :end].contiguous()
 
 
-def blend_into(run: Prefill, fetch: Callable[[], Graftable], ids: Sequence[int], ratio: float) -> tuple[Graftable, int]:
-    """Graft a moved part into `run` (from `fetch()`, holding the K/V of `ids`), then recompute the
+def blend_into(run: Prefill, fetched: Graftable, ids: Sequence[int], ratio: float) -> tuple[Graftable, int]:
+    """Graft a moved part into `run` (`fetched`, holding the K/V of `ids`), then recompute the
     `ratio` share of its tokens whose K/V deviate most; the graft and how many tokens were recomputed."""
-    fetched = run.fetch(fetch)
+    run.admit(fetched)
     run.flush()
     part = fetched.part
     t = time.perf_counter()

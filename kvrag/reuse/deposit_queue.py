@@ -28,14 +28,13 @@ import time
 import weakref
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterator, Sequence
+from typing import Callable, Collection, Sequence
 
-from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.schedule import Segment
 from kvrag.errors import KVRagError
 from kvrag.stores.outages import log_failure
 
-__all__ = ["DepositQueue", "DepositStats", "deposit_after"]
+__all__ = ["DepositQueue", "DepositStats"]
 
 log = logging.getLogger("kvrag.deposits")
 
@@ -226,28 +225,3 @@ def _close_at_exit(queue: "weakref.ref[DepositQueue]") -> None:
     alive = queue()
     if alive is not None and not alive.close():
         log.warning("exiting with deposits still queued; they are dropped")
-
-
-def deposit_after(answer: GenerationStream, segments: Callable[[Generation], Sequence[Segment]],
-                  deposit: Callable[[Sequence[Segment], Generation], object], queue: DepositQueue | None,
-                  what: str) -> GenerationStream:
-    """`answer`, then the `segments(generation)` it names deposited (`deposit(chain, generation)`):
-    on `queue`'s worker when one is given, else after the last delta. The answer stands whatever
-    the deposit meets; the next ask then re-reads the text."""
-
-    def steps() -> Iterator[str]:
-        yield from answer
-        generation = answer.result()
-        try:
-            chain = segments(generation)
-            if queue is not None:
-                grafted = {use.key for use in generation.receipt.states if use.source == "graft"}
-                queue.submit(chain, what, missing={s.key for s in chain if s.key not in grafted},
-                             deposit=lambda chain: deposit(chain, generation))
-            else:
-                deposit(chain, generation)
-        except KVRagError as e:
-            log_failure(log, "answered, but could not deposit %s afterwards: %s", what, e, error=e)
-        return generation
-
-    return GenerationStream(steps())

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timezone
-from typing import Callable, Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 import torch
 from pydantic import BaseModel, Field, ValidationError
 
 from kvrag.core.continuation import Continuation
-from kvrag.core.decoding import GenerationStream
 from kvrag.core.deposit import Depositor
 from kvrag.core.protocol import BlendLimits
 from kvrag.core.schedule import Planner
@@ -66,28 +65,21 @@ def kl_divergence(exact: torch.Tensor, approximate: torch.Tensor) -> float:
 
 class BlendGate:
     """Whether an engine may blend: its verdicts are sealed records, measured by running blends
-    and their exact paths (`run`) on documents its depositor stores."""
+    and their exact paths on documents its depositor stores. Running them is the engine's
+    (`kvrag.engine.gate`): here are the trials and the verdict."""
 
     def __init__(self, identity: EngineIdentity, planner: Planner, records: SealedRecords, depositor: Depositor,
-                 run: Callable[[Continuation], GenerationStream], *, limits: BlendLimits, deadline_s: float) -> None:
+                 *, limits: BlendLimits, deadline_s: float) -> None:
         self.identity, self.planner, self.records = identity, planner, records
-        self.depositor, self.run, self.limits, self.deadline_s = depositor, run, limits, deadline_s
+        self.depositor, self.limits, self.deadline_s = depositor, limits, deadline_s
 
     def slot(self, ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True) -> str:
         """The sealed record a verdict for this setting lives in."""
         setting = f"kvrag-blend-gate\x00{self.identity.scope}\x00{ratio:.3f}\x00{int(rerotate)}"
         return "gate/" + hashlib.sha256(setting.encode()).hexdigest()
 
-    def calibrate(self, documents: Sequence[str] | None = None, questions: Sequence[str] | None = None, *,
-                  ratio: float = DEFAULT_RECOMPUTE_RATIO, rerotate: bool = True, samples: int = 8,
-                  max_mean_kl: float | None = None, min_agreement: float | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> GateResult:
-        """Measure blends against the exact path on `samples` prompts built from `documents` (each
-        followed by a question about it; default: the bundled sample set) and store the verdict.
-        `max_mean_kl` and `min_agreement` may tighten the engine's limits, never loosen them;
-        `progress(done, samples)` is called after each prompt."""
-        if not 0 < ratio <= 1 or samples < 1:
-            raise InputError("the recompute ratio must be in (0, 1] and samples at least 1")
+    def tightened(self, max_mean_kl: float | None, min_agreement: float | None) -> tuple[float, float]:
+        """A calibration's limits: the engine's, or tighter (never looser)."""
         limits = self.limits
         max_mean_kl = limits.max_mean_kl if max_mean_kl is None else max_mean_kl
         min_agreement = limits.min_agreement if min_agreement is None else min_agreement
@@ -96,6 +88,15 @@ class BlendGate:
                 f"a calibration cannot loosen this engine's blend limits (mean KL at most {limits.max_mean_kl:g}, "
                 f"argmax agreement at least {limits.min_agreement:.0%}); set KVEngine(blend_limits=...) to change them"
             )
+        return max_mean_kl, min_agreement
+
+    def trials(self, documents: Sequence[str] | None, questions: Sequence[str] | None, *, ratio: float,
+               rerotate: bool, samples: int) -> Iterator[tuple[Continuation, Continuation]]:
+        """`samples` prompts built from `documents` (two documents, then a question about the second;
+        default: the bundled sample set), each as its exact path (read as text) and as a blend of
+        the documents' stored states (deposited here first)."""
+        if not 0 < ratio <= 1 or samples < 1:
+            raise InputError("the recompute ratio must be in (0, 1] and samples at least 1")
         if documents is None:
             from kvrag.data import sample_docs, sample_questions
 
@@ -106,7 +107,6 @@ class BlendGate:
             pairs = [(d, asked[i] if i < len(asked) else "What is this text about?") for i, d in enumerate(documents)]
         if len(pairs) < 2:
             raise InputError("calibrating a blend needs at least two documents")
-        kls, agree = [], 0
         for i in range(samples):
             (first, _), (second, question) = pairs[i % len(pairs)], pairs[(i + 1 + i // len(pairs)) % len(pairs)]
             roots = [self.planner.documents([text])[0] for text in (first, second)]
@@ -114,18 +114,19 @@ class BlendGate:
                 self.depositor.ensure(root)
             segments = self.planner.documents([first, second])
             feed = self.planner.question(question, segments)
-            exact = self.run(Continuation(segments, feed, 1, graft=False)).result().first_token_logits
-            blended = self.run(Continuation(segments, feed, 1, requested=[self.planner.ref(r) for r in roots],
-                                            blend=ratio, rerotate=rerotate)).result().first_token_logits
-            kls.append(kl_divergence(exact, blended))
-            agree += int(exact.argmax() == blended.argmax())
-            if progress is not None:
-                progress(i + 1, samples)
-        kl_mean, agreement = sum(kls) / len(kls), agree / samples
+            yield (Continuation(segments, feed, 1, graft=False),
+                   Continuation(segments, feed, 1, requested=[self.planner.ref(r) for r in roots], blend=ratio,
+                                rerotate=rerotate))
+
+    def verdict(self, kls: Sequence[float], agreed: int, *, ratio: float, rerotate: bool, max_mean_kl: float,
+                min_agreement: float) -> GateResult:
+        """The verdict of trials whose KL divergences were `kls` and whose argmax agreed `agreed`
+        times, stored."""
+        kl_mean, agreement = sum(kls) / len(kls), agreed / len(kls)
         result = GateResult(
             model=self.identity.model.name, model_fingerprint=self.identity.model_digest,
             hardware_fingerprint=self.identity.hardware.digest,
-            ratio=ratio, rerotate=rerotate, samples=samples, kl_mean=kl_mean, kl_max=max(kls),
+            ratio=ratio, rerotate=rerotate, samples=len(kls), kl_mean=kl_mean, kl_max=max(kls),
             argmax_agreement=agreement, max_mean_kl=max_mean_kl, min_agreement=min_agreement,
             passed=kl_mean <= max_mean_kl and agreement >= min_agreement,
         )

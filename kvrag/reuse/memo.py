@@ -20,13 +20,12 @@ import logging
 import re
 import unicodedata
 from datetime import datetime, timezone
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 from pydantic import BaseModel, Field
 
 from kvrag.artifacts.format import TokenId
 from kvrag.core.continuation import Continuation
-from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.deposit import Depositor
 from kvrag.core.restore import Restorer
 from kvrag.core.schedule import Planner, Segment, StateRef
@@ -87,13 +86,14 @@ def memo_key(scope: str, canonical: str, context_keys: Sequence[str]) -> str:
 
 class Memo:
     """The memo of one engine: entries are sealed records `memo/<key>` in its store; memo states are
-    deposited by its depositor, checked by its restorer and answered by its `run`."""
+    deposited by its depositor and checked by its restorer. Memoizing runs a continuation (the
+    memo state must reproduce the answer), so it is the engine's (`kvrag.engine.memo`): here are
+    the entries, their states and the continuations that recall them."""
 
     def __init__(self, identity: EngineIdentity, planner: Planner, records: SealedRecords, depositor: Depositor,
-                 restorer: Restorer, run: Callable[[Continuation], GenerationStream], *, vocabulary: int,
-                 deadline_s: float) -> None:
+                 restorer: Restorer, *, vocabulary: int, deadline_s: float) -> None:
         self.identity, self.planner, self.records = identity, planner, records
-        self.depositor, self.restorer, self.run = depositor, restorer, run
+        self.depositor, self.restorer = depositor, restorer
         self.vocabulary, self.deadline_s = vocabulary, deadline_s
 
     def _key(self, query: str, segments: Sequence[Segment]) -> str:
@@ -133,43 +133,7 @@ class Memo:
         after = context[-1] if context else None
         return self.planner.segment(f"memo:{canonical_query(query)}", ids, after), answer_ids[kept:]
 
-    def memoize(
-        self,
-        query: str,
-        generation: "Generation",
-        *,
-        states: Sequence["StateRef | str"] = (),
-        provenance: Provenance | None = None,
-        verified: bool = True,
-    ) -> MemoEntry:
-        """Store `generation` (an answer to `query` after `states`) as a memo entry."""
-        return self._memoize(query, [t for t in generation.tokens if t not in self.planner.layout.stop_ids],
-                             generation.text, generation.finish_reason == "stop", states, provenance, verified, MEMO_TAIL_TOKENS)
-
-    def memoize_text(
-        self,
-        query: str,
-        answer: str,
-        *,
-        provenance: Provenance,
-        states: Sequence["StateRef | str"] = (),
-        decode_suffix: str | None = None,
-    ) -> MemoEntry:
-        """Memoize a verified answer written by someone else (a library solution).
-
-        With `decode_suffix` (the final answer that ends `answer`), recall decodes those tokens
-        if the model reproduces them exactly; otherwise the whole answer comes from the state.
-        """
-        ids = self.planner.layout.tokenize(answer)
-        if decode_suffix and answer.rstrip().endswith(decode_suffix.strip()):
-            tail = len(self.planner.layout.tokenize(decode_suffix.strip()))
-            try:
-                return self._memoize(query, ids, answer, False, states, provenance, True, tail)
-            except VerificationError:
-                pass
-        return self._memoize(query, ids, answer, False, states, provenance, True, 0)
-
-    def _memoize(
+    def prepare(
         self,
         query: str,
         answer_ids: list[int],
@@ -179,9 +143,10 @@ class Memo:
         provenance: Provenance | None,
         verified: bool,
         tail: int,
-    ) -> MemoEntry:
-        """A verified entry needs a provenance; its state is deposited after the context chain and
-        checked to reproduce the answer's remaining tokens before the entry is written."""
+    ) -> tuple[MemoEntry, Continuation | None]:
+        """The entry for an answer, its state deposited after the context chain, and (verified) the
+        continuation whose tokens must be the answer's before `keep` writes it. A verified entry
+        needs a provenance."""
         if verified and provenance is None:
             raise InputError("a verified memo entry needs a provenance: what verified the answer")
         segments = self.planner.documents(_texts(states))
@@ -204,13 +169,15 @@ class Memo:
             verified=verified,
             provenance=provenance,
         )
-        if verified:
-            layout = self.planner.layout
-            recalled = self.run(self._continuation(entry, segments, segment, len(remaining) + 1, None,
-                                                   layout.answer_stops, layout.kind)).result()
-            got = [t for t in recalled.tokens if t not in layout.stop_ids]
-            if got != answer_ids:
-                raise VerificationError("the memo state does not reproduce the verified answer; nothing memoized")
+        if not verified:
+            return entry, None
+        layout = self.planner.layout
+        return entry, self._continuation(entry, segments, segment, len(remaining) + 1, None, layout.answer_stops, layout.kind)
+
+    def keep(self, entry: MemoEntry, recalled: Sequence[int] | None) -> MemoEntry:
+        """Write `entry`, given the tokens its check continuation decoded (None: unverified, no check)."""
+        if recalled is not None and [t for t in recalled if t not in self.planner.layout.stop_ids] != entry.answer_ids:
+            raise VerificationError("the memo state does not reproduce the verified answer; nothing memoized")
         self.records.put(f"memo/{entry.memo_key}", entry.model_dump_json().encode())
         return entry
 

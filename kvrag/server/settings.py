@@ -34,7 +34,7 @@ class ServeSettings(BaseModel):
     hot_mib: float = Field(default=512, ge=0)
     #: generations run at once per worker: the rows of its decoding batch
     concurrency: int = Field(default=16, ge=1, le=64)
-    #: the generations' decoding steps share one forward (`kvrag.engine.batching`); off: each its own,
+    #: the generations' decoding steps share one forward (`kvrag.core.batching`); off: each its own,
     #: on its own share of the cores
     batch: bool = True
     #: requests waiting per worker beyond those; more are answered 429

@@ -5,7 +5,7 @@ Workers hold no state of their own that matters: each has a bounded in-process h
 `memory://?max_mib=N`) in front of the shared store, so a state deposited through one worker
 grafts in every other. Each generation runs on its own thread; the prompt reads take turns on the
 model, and the decoding steps of every generation under way advance together, one forward per step
-(`kvrag.engine.batching`), each answer exactly what it would be alone.
+(`kvrag.core.batching`), each answer exactly what it would be alone.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable
 
+from kvrag.core.batching import Batcher
 from kvrag.core.decoding import Generation, GenerationStream
-from kvrag.engine.batching import Batcher
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import ContextTooLongError, InputError, KVRagError
 from kvrag.server import metrics
@@ -40,7 +40,8 @@ class Worker:
         self.threads = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="kvrag-generate")
         #: the generations' reads and steps, `concurrency` rows per forward at most (every tenant's)
         self.batcher = Batcher(engine.runner, rows=settings.concurrency, observe=metrics.BATCH_ROWS.observe)
-        engine.runtime.batcher = engine.continuer.batcher = self.batcher if settings.batch else None
+        batch = self.batcher if settings.batch else None
+        engine.runtime.batcher = engine.continuer.batcher = engine.depositor.batcher = batch
         self.system_fingerprint = "kvrag-" + engine.fingerprint[:16]
         self._tenants: dict[str, KVEngine] = {"": engine}
         self._building = threading.Lock()

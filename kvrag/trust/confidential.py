@@ -21,8 +21,8 @@ import secrets
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from kvrag.artifacts.payloads import derive
 from kvrag.errors import SignatureError
-from kvrag.trust.payloads import derive
 
 __all__ = ["PRIVATE_MANIFEST", "PRIVATE_RECORD", "encrypt_manifest", "open_manifest", "is_private_manifest",
            "encrypt_record", "open_record", "is_private_record"]

@@ -1,4 +1,4 @@
-"""Generations whose decoding steps share forwards (`kvrag.engine.batching`) answer exactly as each
+"""Generations whose decoding steps share forwards (`kvrag.core.batching`) answer exactly as each
 alone: tokens, first-token logits and every step's logits, whatever else is in the batch and
 whenever it joined or left."""
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from kvrag import KVEngine, MemoryStore
+from kvrag.core import batching
+from kvrag.core.batching import Batcher
 from kvrag.core.prefill import Prefill
 from kvrag.core.runner import DecodeStep, ModelRunner, PromptRead, logits_sha256
-from kvrag.engine import batching
-from kvrag.engine.batching import Batcher
 
 from ..conftest import DOC_A, DOC_B, DOC_C, DTYPES, FAMILIES, QUESTION, tiny
 
@@ -164,6 +164,83 @@ def test_smollm2_answers_in_a_batch_equal_each_alone(smollm2, monkeypatch):
         assert out[index].tokens == expected.tokens
         assert out[index].receipt.first_token_logits_sha256 == expected.receipt.first_token_logits_sha256
     assert batcher.stepped_rows > batcher.forwards
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
+def test_a_deposit_beside_answers_reads_in_the_batch_and_stores_the_bytes_made_alone(family, monkeypatch):
+    # a deposit's reads (its prefill, the canaries) go through the batch (in its idle forwards)
+    # instead of taking the model between them; what it stores is what a deposit alone stores,
+    # and the answers beside it are the answers alone
+    monkeypatch.setattr(batching, "GATHER_S", 10.0)
+    model = tiny(family)
+    alone_engine = KVEngine(model, MemoryStore())
+    alone_refs = alone_engine.deposit_chain([DOC_B, DOC_C])
+    stored_alone = [alone_engine.store.read_manifest(r.key) for r in alone_refs]
+    engine = KVEngine(model, MemoryStore())
+    engine.deposit(DOC_A)
+    requests = [dict(query=QUESTION, states=[DOC_A], max_new_tokens=40),
+                dict(query="Who keeps it?", states=[DOC_A], max_new_tokens=40)]
+    alone = [engine.generate(**request, memo=False) for request in requests]
+    reads: list[int] = []
+    read = batching.Lane.read
+
+    def counted(lane: batching.Lane, ids, cache):
+        if threading.current_thread() is threading.main_thread():
+            reads.append(len(ids))
+        return read(lane, ids, cache)
+
+    monkeypatch.setattr(batching.Lane, "read", counted)
+    batcher = Batcher(engine.runner, rows=4)
+    engine.continuer.batcher = engine.depositor.batcher = batcher
+    out: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i, r=r: out.__setitem__(i, engine.generate(**r, memo=False)))
+               for i, r in enumerate(requests)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while batcher.forwards < 3 and time.monotonic() < deadline:  # deposit while they decode
+        time.sleep(0.001)
+    refs = engine.deposit_chain([DOC_B, DOC_C])
+    for thread in threads:
+        thread.join(300)
+    batcher.close()
+    assert len(reads) >= 2 * 3  # each state: its prefill and two canaries, in the batch
+    assert [engine.store.read_manifest(r.key) for r in refs] != [None, None]
+    for got, want in zip([engine.store.read_manifest(r.key) for r in refs], stored_alone):
+        assert _payload_sha(got) == _payload_sha(want)
+    for index, expected in enumerate(alone):
+        assert out[index].tokens == expected.tokens
+        assert out[index].receipt.first_token_logits_sha256 == expected.receipt.first_token_logits_sha256
+
+
+def _payload_sha(manifest: bytes) -> str:
+    import json
+
+    return json.loads(manifest)["payload_sha256"]
+
+
+@pytest.mark.parametrize("patience", [60.0, 0.2])
+def test_a_background_read_waits_for_the_answers_under_way_at_most_its_patience(patience, monkeypatch):
+    # a deposit's read runs in a forward no answer waits on; past its patience, beside them
+    monkeypatch.setattr(batching, "BACKGROUND_WAIT_S", patience)
+    engine = KVEngine(tiny("llama"), MemoryStore())
+    batcher = Batcher(engine.runner, rows=4)
+    engine.continuer.batcher = batcher
+    answering = threading.Thread(target=lambda: engine.generate("Write at length.", states=[DOC_A],
+                                                                 max_new_tokens=300, memo=False))
+    answering.start()
+    deadline = time.monotonic() + 60
+    while batcher.members == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    forwards_before = batcher.forwards
+    cache = engine.runner.new_cache()
+    with batcher.lane(background=True) as lane:
+        lane.read(engine.tokenize(DOC_B), cache)
+    answer_under_way = answering.is_alive()
+    answering.join(300)
+    batcher.close()
+    assert batcher.forwards > forwards_before
+    assert answer_under_way == (patience < 1)  # it waited for the answer to end, or only its patience
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

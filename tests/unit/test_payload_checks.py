@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from kvrag import KVEngine
 from kvrag.artifacts.digests import CheckedBuffer, PayloadChunking, open_payload, read_checked
 from kvrag.artifacts.format import parse_manifest
+from kvrag.artifacts.payloads import AeadChunks, KeyedTags, seal_payload
 from kvrag.errors import IntegrityError, SignatureError, StoreError
 from kvrag.stores import open_store
 from kvrag.trust.confidential import encrypt_manifest, encrypt_record, open_manifest, open_record
-from kvrag.trust.payloads import AeadChunks, KeyedTags, seal_payload
 
 from ..conftest import DOC_A, QUESTION, tiny
 

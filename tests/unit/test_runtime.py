@@ -170,3 +170,35 @@ def test_a_deposit_read_for_an_answer_is_stored_only_if_it_reproduces_that_answe
     finally:
         with torch.no_grad():
             weight.div_(1.001)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_answers_never_write_into_the_stored_bytes_they_graft(family):
+    # the memory tier's tensors view its stored bytes (no copy): grafts, kept buffers, a sliding
+    # window's layers and the batch must only ever read them
+    import hashlib
+
+    from kvrag.core.batching import Batcher
+
+    store = MemoryStore()
+    engine = KVEngine(load_model(f"tiny-random-{family}"), store)
+    engine.deposit_chain([DOC_A, DOC_B])
+    engine.deposit(DOC_C)
+
+    def held() -> dict[str, str]:
+        return {key: hashlib.sha256(memoryview(store.read(key).payload)).hexdigest() for key in store.keys()}
+
+    before = held()
+    assert len(before) == 3
+    for states in ([DOC_A, DOC_B], [DOC_A, DOC_B], [DOC_C], [DOC_A, DOC_C]):  # again: from kept buffers
+        engine.generate(QUESTION, states=states, max_new_tokens=6, memo=False)
+    engine.runtime.batcher = engine.continuer.batcher = engine.depositor.batcher = Batcher(engine.runner, rows=4)
+    asked = [threading.Thread(target=engine.generate, args=(QUESTION,),
+                              kwargs={"states": states, "max_new_tokens": 6, "memo": False})
+             for states in ([DOC_A, DOC_B], [DOC_C], [DOC_A, DOC_B])]
+    for thread in asked:
+        thread.start()
+    for thread in asked:
+        thread.join(120)
+    engine.close()
+    assert held() == before

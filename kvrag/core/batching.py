@@ -36,16 +36,22 @@ __all__ = ["Batcher", "Lane"]
 #: how long a step waits for the rest of the batch (generations between two steps) before it runs
 #: without them: long enough for a thread to pass a token on, short beside a forward
 GATHER_S = 0.005
+#: how long a background read (a deposit's) waits for the batch to have no answer under way before
+#: it joins the answers' forwards anyway: deposits use idle time, and are not starved by a busy one
+BACKGROUND_WAIT_S = 2.0
 
 
 class Lane:
     """One generation's place in the batch: `step` and `read` block until the batch forward that
-    carries them is done."""
+    carries them is done. A `background` lane's reads (a deposit's) run only in a forward no answer
+    waits on, or once they have waited `BACKGROUND_WAIT_S`."""
 
-    def __init__(self, batcher: "Batcher") -> None:
+    def __init__(self, batcher: "Batcher", background: bool = False) -> None:
         self._batcher = batcher
+        self.background = background
         self.logits: torch.Tensor | None = None
         self.error: BaseException | None = None
+        self.asked = 0.0  # when its step or read began to wait
 
     def step(self, step: DecodeStep) -> torch.Tensor:
         return self._batcher._step(self, step)
@@ -88,9 +94,10 @@ class Batcher:
         return self.runner.model.turns.turn()
 
     @contextmanager
-    def lane(self) -> Iterator[Lane]:
-        """A generation's lane, for its prompt reads and decoding loop; leaving it frees the row at the next forward."""
-        lane = Lane(self)
+    def lane(self, *, background: bool = False) -> Iterator[Lane]:
+        """A generation's lane, for its prompt reads and decoding loop; leaving it frees the row at
+        the next forward. A `background` lane (a deposit's reads) yields to the answers under way."""
+        lane = Lane(self, background)
         try:
             yield lane
         finally:
@@ -105,7 +112,9 @@ class Batcher:
                 raise RuntimeError("the batcher is closed")
             self._start()
             lane.logits = lane.error = None
-            self._members.add(lane)
+            lane.asked = time.monotonic()
+            if not lane.background:  # the batch waits for its members' next steps, not for deposits
+                self._members.add(lane)
             self._waiting[lane] = step
             self._cond.notify_all()
             while lane.logits is None and lane.error is None:
@@ -129,19 +138,33 @@ class Batcher:
             self._thread.join()
 
     def _gather(self) -> list[tuple[Lane, DecodeStep | PromptRead]] | None:
-        """The next batch: once a step waits, up to `GATHER_S` for every other member's (None: closed)."""
+        """The next batch (None: closed): once a step waits, up to `GATHER_S` for every other
+        member's; background reads only while no answer is under way, or once they waited
+        `BACKGROUND_WAIT_S`."""
         with self._cond:
-            while not self._waiting and not self._closed:
-                self._cond.wait()
-            if not self._waiting:
+            while not (ready := self._ready()) and not (self._closed and not self._waiting):
+                self._cond.wait(self._patience())
+            if not ready:
                 return None
             until = time.monotonic() + GATHER_S
-            while len(self._waiting) < min(len(self._members), self.rows) and (left := until - time.monotonic()) > 0:
+            while len(self._ready()) < min(len(self._members), self.rows) and (left := until - time.monotonic()) > 0:
                 self._cond.wait(left)
-            taken = list(self._waiting.items())[: self.rows]
+            taken = self._ready()[: self.rows]
             for lane, _ in taken:
                 del self._waiting[lane]
             return taken
+
+    def _ready(self) -> list[tuple[Lane, DecodeStep | PromptRead]]:
+        """What may run in the next forward: every answer's step or read, and the background reads
+        once no answer is under way (or they waited long enough)."""
+        now, idle = time.monotonic(), not self._members
+        return [(lane, step) for lane, step in self._waiting.items()
+                if not lane.background or idle or now - lane.asked >= BACKGROUND_WAIT_S]
+
+    def _patience(self) -> float | None:
+        """How long until the oldest background read may join a busy batch (None: none waits)."""
+        asked = [lane.asked for lane in self._waiting if lane.background]
+        return max(0.0, min(asked) + BACKGROUND_WAIT_S - time.monotonic()) if asked else None
 
     def _run(self) -> None:
         while (batch := self._gather()) is not None:
