@@ -44,7 +44,7 @@ BACKGROUND_WAIT_S = 2.0
 class Lane:
     """One generation's place in the batch: `step` and `read` block until the batch forward that
     carries them is done. A `background` lane's reads (a deposit's) run only in a forward no answer
-    waits on, or once they have waited `BACKGROUND_WAIT_S`."""
+    waits on, or once it has waited `BACKGROUND_WAIT_S`."""
 
     def __init__(self, batcher: "Batcher", background: bool = False) -> None:
         self._batcher = batcher

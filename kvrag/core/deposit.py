@@ -68,6 +68,10 @@ class _Prepared:
     prefix_ids: list[int] = field(default_factory=list)
 
 
+#: the most prompt rows one piece of a deposit's read adds to a batch forward (see `Depositor._read`)
+DEPOSIT_READ_ROWS = 64
+
+
 class Depositor:
     """Deposits segments after their stored chains: computed once, verified, signed, stored."""
 
@@ -130,13 +134,17 @@ class Depositor:
 
     def _read(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
         """One read of a deposit: where the model has a batch, in its background (a forward no answer
-        waits on, or packed beside the answers' rows once it has waited: `kvrag.core.batching`),
-        else a forward of its own; in the model's turn either way. A thread that holds the model
-        already reads in its own turn."""
+        waits on, or beside the answers' rows once it has waited: `kvrag.core.batching`), in pieces
+        of `DEPOSIT_READ_ROWS` where reads are packed (under the invariant kernel a read in pieces
+        has the bits of one read), so no forward carries much of it; else a forward of its own. In
+        the model's turn either way; a thread that holds the model already reads in its own turn."""
         if self.batcher is None or self.runner.model.turns.held:
             return self.runner.forward(ids, cache)
+        size = DEPOSIT_READ_ROWS if self.runner.packs_reads else max(len(ids), 1)
         with self.batcher.lane(background=True) as lane:
-            return lane.read(ids, cache)
+            for first in range(0, len(ids), size):
+                logits = lane.read(ids[first : first + size], cache)
+        return logits
 
     def ensure(self, segment: Segment) -> None:
         """Deposit `segment` unless some tier holds it whole already."""

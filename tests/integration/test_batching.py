@@ -166,13 +166,13 @@ def test_smollm2_answers_in_a_batch_equal_each_alone(smollm2, monkeypatch):
     assert batcher.stepped_rows > batcher.forwards
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
-def test_a_deposit_beside_answers_reads_in_the_batch_and_stores_the_bytes_made_alone(family, monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2", "smollm2-135m"])
+def test_a_deposit_beside_answers_reads_in_the_batch_and_stores_the_bytes_made_alone(family, monkeypatch, request):
     # a deposit's reads (its prefill, the canaries) go through the batch (in its idle forwards)
     # instead of taking the model between them; what it stores is what a deposit alone stores,
     # and the answers beside it are the answers alone
     monkeypatch.setattr(batching, "GATHER_S", 10.0)
-    model = tiny(family)
+    model = request.getfixturevalue("smollm2") if family == "smollm2-135m" else tiny(family)
     alone_engine = KVEngine(model, MemoryStore())
     alone_refs = alone_engine.deposit_chain([DOC_B, DOC_C])
     stored_alone = [alone_engine.store.read_manifest(r.key) for r in alone_refs]
