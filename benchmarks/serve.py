@@ -216,6 +216,7 @@ def sweep_url(label: str, url: str, model: str, workers: int, args, arms: list[A
     arms.append(asyncio.run(run_arm(f"{label}: deposit pass", url, model, workers, max(args.levels), args.max_tokens,
                                     kvs["deposit"], workload())))
     show(arms[-1])
+    _deposits_settled(url.removesuffix("/v1"))
     for level in args.levels:
         for arm in ("text", "graft"):
             if arm not in kvs:
@@ -225,6 +226,21 @@ def sweep_url(label: str, url: str, model: str, workers: int, args, arms: list[A
             if level == 1 and label not in SOLO:
                 SOLO[label] = {r.key: r.text for r in arms[-1].ok}
             show(arms[-1])
+
+
+def _deposits_settled(base: str, timeout: float = 180) -> None:
+    """Wait until the deposit workers have nothing queued (a deposit runs in the batch's idle time:
+    the arms measure grafting, not deposits still draining). A peer has no such report: no wait."""
+    deadline, quiet = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline and quiet < 3:  # three answers in a row: every worker, likely
+        try:
+            deposits = httpx.get(base + "/health", timeout=5).json().get("deposits")
+        except (httpx.HTTPError, ValueError):
+            return
+        if deposits is None:
+            return
+        quiet = quiet + 1 if deposits.get("pending_bytes", 0) == 0 else 0
+        time.sleep(0.5)
 
 
 KVRAG_ARMS = {"deposit": {"memo": False}, "text": {"graft": False}, "graft": {"memo": False}}
