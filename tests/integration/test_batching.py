@@ -207,7 +207,9 @@ def test_a_deposit_beside_answers_reads_in_the_batch_and_stores_the_bytes_made_a
     batcher.close()
     assert len(reads) >= 2 * 3  # each state: its prefill and two canaries, in the batch
     if engine.runner.packs_reads:  # a long read in pieces, so no forward carries much of it
-        assert max(reads) <= DEPOSIT_READ_ROWS < max(len(engine.tokenize(d)) for d in (DOC_B, DOC_C))
+        assert max(reads) <= DEPOSIT_READ_ROWS
+        if family != "smollm2-135m":  # byte tokens: these documents are longer than one piece
+            assert max(len(engine.tokenize(d)) for d in (DOC_B, DOC_C)) > DEPOSIT_READ_ROWS
     assert [engine.store.read_manifest(r.key) for r in refs] != [None, None]
     for got, want in zip([engine.store.read_manifest(r.key) for r in refs], stored_alone):
         assert _payload_sha(got) == _payload_sha(want)
