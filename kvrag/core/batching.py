@@ -31,7 +31,7 @@ import torch
 from kvrag.codecs import GraftCache
 from kvrag.core.runner import DecodeStep, ModelRunner, PromptRead
 
-__all__ = ["Batcher", "Lane"]
+__all__ = ["Batcher", "Batching", "Lane"]
 
 #: how long a step waits for the rest of the batch (generations between two steps) before it runs
 #: without them: long enough for a thread to pass a token on, short beside a forward
@@ -181,3 +181,12 @@ class Batcher:
                 for (lane, _), (row, error) in zip(batch, results):
                     lane.logits, lane.error = row, error
                 self._cond.notify_all()
+
+
+class Batching:
+    """Where a model's batch is set, once, for everything that runs forwards over it: a runtime
+    holds one, and its engines' continuers and depositors read `batcher` at each use, so an engine
+    made before the batch was set (or after) uses the same one. None: each forward alone."""
+
+    def __init__(self) -> None:
+        self.batcher: Batcher | None = None

@@ -30,7 +30,7 @@ from kvrag.artifacts.format import DepositReceipt, StateManifest, encode_payload
 from kvrag.artifacts.payloads import seal_payload
 from kvrag.codecs import StatePart, extract, install
 from kvrag.core.acceptance import Restored
-from kvrag.core.batching import Batcher
+from kvrag.core.batching import Batching
 from kvrag.core.prefixes import PrefixRecords
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import ModelRunner, logits_sha256
@@ -78,14 +78,14 @@ class Depositor:
     def __init__(self, runner: ModelRunner, planner: Planner, store: StateStore, restorer: Restorer,
                  identity: EngineIdentity, signing_key: bytes, *, deadline_s: float,
                  whereabouts: Whereabouts | None = None, prefixes: PrefixRecords | None = None,
-                 confidential: bool = False) -> None:
+                 confidential: bool = False, batching: Batching | None = None) -> None:
         self.runner, self.planner, self.store, self.restorer = runner, planner, store, restorer
         self.identity, self.signing_key, self.deadline_s = identity, signing_key, deadline_s
         self.whereabouts, self.prefixes, self.confidential = whereabouts, prefixes, confidential
         #: chains checked against the answer they were read for, and those refused by the check
         self.answers_checked = self.answers_refused = 0
         #: the model's batch, when it has one (`kvrag serve`): a deposit's reads join its forwards
-        self.batcher: Batcher | None = None
+        self.batching = batching or Batching()
 
     def canary_ids(self) -> list[int]:
         return self.planner.layout.question_ids(CANARY_QUESTION)
@@ -138,10 +138,11 @@ class Depositor:
         of `DEPOSIT_READ_ROWS` where reads are packed (under the invariant kernel a read in pieces
         has the bits of one read), so no forward carries much of it; else a forward of its own. In
         the model's turn either way; a thread that holds the model already reads in its own turn."""
-        if self.batcher is None or self.runner.model.turns.held:
+        batcher = self.batching.batcher
+        if batcher is None or self.runner.model.turns.held:
             return self.runner.forward(ids, cache)
         size = DEPOSIT_READ_ROWS if self.runner.packs_reads else max(len(ids), 1)
-        with self.batcher.lane(background=True) as lane:
+        with batcher.lane(background=True) as lane:
             for first in range(0, len(ids), size):
                 logits = lane.read(ids[first : first + size], cache)
         return logits

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from kvrag.codecs import ReadyBuffers, StatePart, truncated
 from kvrag.core.acceptance import Restored
-from kvrag.core.continuation import Continuation
+from kvrag.core.batching import Batching
+from kvrag.core.continuation import Blend, Continuation, Graft, Move, Prefix, Recall, Text
 from kvrag.core.decoding import Generation, GenerationStream, TextDecoder
 from kvrag.core.prefill import Graftable, Prefill
 from kvrag.core.prefixes import PrefixRecords, common_prefix
@@ -23,7 +24,7 @@ from kvrag.core.prompt import PromptLayout
 from kvrag.core.receipt import Receipt, StateUse, Timings, mode_of
 from kvrag.core.restore import Restorer
 from kvrag.core.runner import DecodeStep, ModelRunner, logits_sha256
-from kvrag.core.schedule import Segment, StateRef
+from kvrag.core.schedule import Segment
 from kvrag.core.whereabouts import Whereabouts
 from kvrag.errors import ModelError, StateError, StreamFailedError
 from kvrag.reuse.approximate import moved_graft
@@ -45,7 +46,8 @@ class Continuer:
     def __init__(self, runner: ModelRunner, restorer: Restorer, layout: PromptLayout, identity: EngineIdentity,
                  deadline_s: float, prefixes: PrefixRecords | None = None,
                  whereabouts: Whereabouts | None = None, *, stream_grafts: bool = False,
-                 ready: ReadyBuffers | None = None, deposits: DepositQueue | None = None) -> None:
+                 ready: ReadyBuffers | None = None, deposits: DepositQueue | None = None,
+                 batching: Batching | None = None) -> None:
         self.runner = runner
         #: deposits under way: a context being deposited is waited for, not read again beside it
         self.deposits = deposits
@@ -59,24 +61,27 @@ class Continuer:
         self.restorer = restorer
         self.layout = layout
         self.deadline_s = deadline_s
-        #: decoding steps batched with other generations' (`kvrag.core.batching`; None: each alone)
-        self.batcher: Batcher | None = None
+        #: the model's batch, where it has one: reads and steps packed with other generations'
+        self.batching = batching or Batching()
 
     def stream(self, continuation: Continuation) -> GenerationStream:
         return GenerationStream(self._steps(continuation))
 
     def _context(self, run: Prefill, c: Continuation, deadline: Deadline, *, stream: bool,
                  read: dict[str, Found[Restored]] | None = None) -> list[StateUse]:
-        """Graft or prefill the context; `read`: states a failed stream's read went on to find whole
+        """Run the plan's context steps; `read`: states a failed stream's read went on to find whole
         in a later tier (checked there), grafted as they are."""
         uses: list[StateUse] = []
         read = read or {}
         covered = 0
-        if c.any_boundary and c.graft and not c.memo and self.prefixes is not None and c.context:
-            own = self._own_stored_run(c.context, deadline)
-            if own < c.context[-1].end:  # the context's own states do not cover it: look further
-                covered, uses = self._stored_prefix(run, c, deadline, better_than=own)
-        for index, segment in enumerate(c.context):
+        for step in c.plan:
+            if isinstance(step, Prefix):
+                if self.prefixes is not None and c.context:
+                    own = self._own_stored_run(c.context, deadline)
+                    if own < c.context[-1].end:  # the context's own states do not cover it: look further
+                        covered, uses = self._stored_prefix(run, c.context, deadline, better_than=own)
+                continue
+            segment = step.segment
             if segment.end <= covered:
                 continue
             if segment.start < covered:
@@ -84,20 +89,20 @@ class Continuer:
                 uses.append(StateUse(key=segment.key, start=covered, end=segment.end, source="text", reason="missing",
                                      detail=f"read as text from {covered}, where the longest stored prefix ends"))
                 continue
-            uses.append(self._segment(run, c, index, deadline, stream=stream, found=read.get(segment.key)))
+            uses.append(self._segment(run, step, deadline, stream=stream, found=read.get(segment.key)))
         return uses
 
-    def _segment(self, run: Prefill, c: Continuation, index: int, deadline: Deadline, *, stream: bool,
-                 found: Found[Restored] | None) -> StateUse:
-        """One context segment grafted from its state (or `found`), else moved where asked, else
-        read as text, and what the receipt says of it."""
-        segment = c.context[index]
-        req = c.requested[index] if c.requested else None
+    def _segment(self, run: Prefill, step: Graft | Move | Blend | Recall | Text, deadline: Deadline, *,
+                 stream: bool, found: Found[Restored] | None) -> StateUse:
+        """One context step: the segment's own state grafted (or `found`), else, for a move or a
+        blend, the other ref's state moved here, else its text; and what the receipt says of it."""
+        segment = step.segment
+        other = step.ref if isinstance(step, (Move, Blend)) else None if isinstance(step, Recall) else step.requested
         span: dict[str, Any] = {"key": segment.key, "start": segment.start, "end": segment.end,
-                                "requested_key": req.key if isinstance(req, StateRef) and req.key != segment.key else None}
-        if not c.graft:
+                                "requested_key": other.key if other is not None else None}
+        if isinstance(step, Text):
             run.text(segment.ids)
-            return StateUse(**span, source="text", reason="graft-off", detail="grafting was turned off for this generation")
+            return StateUse(**span, source="text", reason=step.reason, detail=step.detail)
         try:
             with run.restoring():
                 fetched = (Graftable(found.value.part, found.tier, found.notes) if found is not None
@@ -105,25 +110,25 @@ class Continuer:
             grafted = run.graft(fetched)
             return StateUse(**span, source="graft", tier=grafted.tier, detail=grafted.notes)
         except StateError as e:
-            if c.memo and index == len(c.context) - 1:
+            if isinstance(step, Recall):
                 raise
             reason, detail = e.reason, str(e)
         # A ref made in another scope (signing key, namespace, hardware) is `foreign`; one of this
         # scope with another key was deposited at another position or after another chain: `moved`.
-        if isinstance(req, StateRef) and req.scope and req.scope != self.identity.scope_id:
+        if other is not None and other.scope and other.scope != self.identity.scope_id:
             reason, detail = "foreign", (
-                f"state {req.key[:12]} was deposited in another scope (another signing key, namespace or "
+                f"state {other.key[:12]} was deposited in another scope (another signing key, namespace or "
                 f"hardware) than this engine's; this engine's own state for the text: {detail}"
             )
-        elif isinstance(req, StateRef) and req.key != segment.key:
+        elif other is not None:
             reason, detail = "moved", (
-                f"state {req.key[:12]} was deposited at positions {req.start}..{req.end} after "
-                f"{'the prompt prefix' if req.parent_key is None else 'state ' + req.parent_key[:12]}; it is needed "
+                f"state {other.key[:12]} was deposited at positions {other.start}..{other.end} after "
+                f"{'the prompt prefix' if other.parent_key is None else 'state ' + other.parent_key[:12]}; it is needed "
                 f"at {segment.start}..{segment.end}. {detail}"
             )
-            if c.approximate or c.blend is not None:
+            if isinstance(step, (Move, Blend)):
                 try:
-                    return self._moved(run, c, segment, req, deadline, span, detail)
+                    return self._moved(run, step, deadline, span, detail)
                 except StateError as e:
                     detail += f" Not moved either: {e}"
         if reason == "missing" and self.whereabouts is not None:  # say what is stored for it under other settings
@@ -132,17 +137,18 @@ class Continuer:
         run.text(segment.ids)
         return StateUse(**span, source="text", reason=reason, detail=detail)
 
-    def _moved(self, run: Prefill, c: Continuation, segment: Segment, req: StateRef, deadline: Deadline,
-               span: dict[str, Any], detail: str) -> StateUse:
-        """`req`'s state, deposited elsewhere, moved to `segment`'s positions (and blended, with
-        `c.blend`): an approximate graft the receipt labels as one."""
+    def _moved(self, run: Prefill, step: Move | Blend, deadline: Deadline, span: dict[str, Any], detail: str) -> StateUse:
+        """`step.ref`'s state, deposited elsewhere, moved to the step's positions (and blended, for
+        a `Blend`): an approximate graft the receipt labels as one."""
+        segment = step.segment
         doc_ids = self.layout.document_ids(segment.text)
 
         with run.restoring():
-            moved = moved_graft(self.runner.model.hf_model, self.runner.codecs, self.restorer.fetch(req.key, None, deadline),
-                                doc_ids, segment, rerotate=c.rerotate)
-        if c.blend is not None:
-            grafted, count = blend_into(run, moved, doc_ids, c.blend)
+            moved = moved_graft(self.runner.model.hf_model, self.runner.codecs,
+                                self.restorer.fetch(step.ref.key, None, deadline), doc_ids, segment,
+                                rerotate=step.rerotate)
+        if isinstance(step, Blend):
+            grafted, count = blend_into(run, moved, doc_ids, step.ratio)
             detail += f" Moved and blended: {count} of {len(doc_ids)} tokens recomputed."
         else:
             grafted = run.graft(moved)
@@ -157,18 +163,18 @@ class Continuer:
             end = segment.end
         return end
 
-    def _stored_prefix(self, run: Prefill, c: Continuation, deadline: Deadline, *,
+    def _stored_prefix(self, run: Prefill, context: Sequence[Segment], deadline: Deadline, *,
                        better_than: int) -> tuple[int, list[StateUse]]:
         """Graft the longest stored chain the context begins with, cut where its tokens and the
         context's part, if it covers more than `better_than` positions; (positions covered, their uses)."""
         assert self.prefixes is not None
         began = time.perf_counter()
-        ids = [t for segment in c.context for t in segment.ids]
+        ids = [t for segment in context for t in segment.ids]
         hint = self.prefixes.longest(ids, deadline)
         chain: list[Found[Restored]] = []
         # a record may point past its mark (at a deeper state of the chain): worth a look unless it
         # is one of the context's own states, which the run ending at `better_than` already covers
-        own = {segment.key for segment in c.context}
+        own = {segment.key for segment in context}
         key = hint.key if hint and (hint.position > better_than or hint.key not in own) else None
         try:
             while key is not None and len(chain) < len(ids):
@@ -206,9 +212,10 @@ class Continuer:
     def _await_deposit(self, c: Continuation) -> list[str]:
         """Wait while this context is being deposited (at most the queue's `max_wait_s`) rather
         than read its text beside the deposit; what to say of it."""
-        if self.deposits is None or not c.graft or not c.context:
+        grafts = c.grafts
+        if self.deposits is None or not grafts:
             return []
-        waited = self.deposits.wait_for([s.key for s in c.context], self.deposits.max_wait_s)
+        waited = self.deposits.wait_for([s.key for s in grafts], self.deposits.max_wait_s)
         return [f"waited {waited * 1e3:.0f} ms for this context's deposit, under way"] if waited else []
 
     def _steps(self, c: Continuation) -> Iterator[str]:
@@ -216,11 +223,11 @@ class Continuer:
         deadline = c.deadline or Deadline(self.deadline_s)  # one for every store read of this question
         said = [*c.notes, *self._await_deposit(c)]
         # a memo answer never enters the batch: its few steps run alone
-        batcher = self.batcher if self.batcher is not None and not c.memo else None
+        batcher = self.batching.batcher if not c.memo else None
         run: Prefill | None = None
         try:
             with batcher.lane() if batcher is not None else nullcontext() as lane:
-                run, uses, logits = self._batched_prompt(c, deadline, lane)
+                run, uses, logits = self._batched_prompt(c, deadline, batcher, lane)
                 first_logits = logits.clone()
                 limit = min(c.max_new_tokens, self.runner.model.max_positions - c.prompt_tokens)
                 sampler = self.runner.sampler(c.sampling)
@@ -243,14 +250,15 @@ class Continuer:
         return self._generation(c, run, uses, said, sampler, tokens, text, first_logits,
                                 ttft_s=ttft_s, decode_s=decode_s, began=began)
 
-    def _batched_prompt(self, c: Continuation, deadline: Deadline, lane: Lane | None) -> tuple[Prefill, list[StateUse], Any]:
+    def _batched_prompt(self, c: Continuation, deadline: Deadline, batcher: Batcher | None,
+                        lane: Lane | None) -> tuple[Prefill, list[StateUse], Any]:
         """`_prompt`, its reads in the batch's forwards where there is one; a blend, which runs the
         model otherwise too, holds the model between two of them."""
-        if lane is None or self.batcher is None:
+        if lane is None or batcher is None:
             return self._prompt(c, deadline)
         if c.blend is None:
             return self._prompt(c, deadline, lane.read)
-        with self.batcher.turn():
+        with batcher.turn():
             return self._prompt(c, deadline)
 
     def _prompt(self, c: Continuation, deadline: Deadline, forward: Any = None) -> tuple[Prefill, list[StateUse], Any]:

@@ -25,7 +25,7 @@ from typing_extensions import Unpack
 from kvrag.codecs import StatePart
 from kvrag.codecs.ready import DEFAULT_READY_BYTES
 from kvrag.core.acceptance import StateAcceptance
-from kvrag.core.continuation import Continuation
+from kvrag.core.continuation import Continuation, plan_segments
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.deposit import CANARY_QUESTION, Answered, Depositor
 from kvrag.core.options import GenerationOptions, GenerationSettings, options_of
@@ -157,13 +157,13 @@ class KVEngine(Transcripts):
         self.prefixes = PrefixRecords(self.records, self.identity.scope) if invariant else None
         self.depositor = Depositor(self.runner, self.planner, self.store, self.restorer, self.identity,
                                    self.signing_key, deadline_s=self.deadline_s, whereabouts=self.whereabouts,
-                                   prefixes=self.prefixes, confidential=self.confidential)
+                                   prefixes=self.prefixes, confidential=self.confidential,
+                                   batching=self.runtime.batching)
         #: deposits after answers, off their path (`deposit_in_background`): the runtime's one worker
         self.deposits = self.runtime.deposits
         self.continuer = Continuer(self.runner, self.restorer, self.layout, self.identity, self.deadline_s,
                                    self.prefixes, self.whereabouts, stream_grafts=stream_grafts,
-                                   ready=self.runtime.ready, deposits=self.deposits)
-        self.continuer.batcher = self.depositor.batcher = self.runtime.batcher
+                                   ready=self.runtime.ready, deposits=self.deposits, batching=self.runtime.batching)
         self.admission = Admission()  # which chains read as text are deposited (`admit_after`)
         self.memo = EngineMemo(self.identity, self.planner, self.records, self.depositor, self.restorer, self.run,
                          vocabulary=self.model.vocabulary, deadline_s=self.deadline_s)
@@ -283,14 +283,15 @@ class KVEngine(Transcripts):
         self.planner.check_length((segments[-1].end if segments else 0) + len(question))
         deadline = Deadline(self.deadline_s)  # one for every store read of this question
         ratio, notes, requested = self._blend(opts, requested, deadline)
-        if opts.memo and opts.graft and not opts.approximate and ratio is None and not opts.stop and opts.sampling.greedy:
+        exact = not opts.approximate and ratio is None
+        if opts.memo and opts.graft and exact and not opts.stop and opts.sampling.greedy:  # what a memo entry recorded
             recall = self.memo.recall(query, segments, opts.max_new_tokens, deadline)
             if recall is not None:
                 return self.run(recall)
-        answer = self.run(Continuation(segments, question, opts.max_new_tokens, opts.stops(self.layout.answer_stops),
-                                       opts.graft, requested, opts.approximate, deadline=deadline,
-                                       sampling=opts.sampling, blend=ratio, notes=notes,
-                                       any_boundary=not opts.approximate and ratio is None, layout=self.layout.kind))
+        steps = plan_segments(segments, requested, scope=self.identity.scope_id, graft=opts.graft,
+                     approximate=opts.approximate, blend=ratio, prefix=exact)
+        answer = self.run(Continuation(steps, question, opts.max_new_tokens, opts.stops(self.layout.answer_stops),
+                                       deadline=deadline, sampling=opts.sampling, notes=notes, layout=self.layout.kind))
         if opts.deposits and segments:
             return self._then_deposit(answer, lambda generation: segments if read_as_text(generation) and
                                       self.admission.admit(segments, opts.admit_after) else [], "the chain", opts,

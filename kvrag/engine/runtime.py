@@ -13,7 +13,7 @@ from types import TracebackType
 
 from kvrag.codecs import ReadyBuffers
 from kvrag.codecs.ready import DEFAULT_READY_BYTES
-from kvrag.core.batching import Batcher
+from kvrag.core.batching import Batcher, Batching
 from kvrag.core.runner import ModelRunner
 from kvrag.kernels.attention import INVARIANT
 from kvrag.models.loading import LoadedModel
@@ -34,8 +34,17 @@ class Runtime:
         self.ready = ReadyBuffers(ready_buffers_bytes) if model.attn == INVARIANT else None
         #: deposits after answers, off their path; each job carries its own engine's deposit
         self.deposits = DepositQueue(None, bytes_per_token=model.state_bytes_per_token)
-        #: the generations' reads and steps, several per forward (`kvrag serve`); None: each its own
-        self.batcher: Batcher | None = None
+        #: the generations' reads and steps, several per forward (`kvrag serve`), for every engine over it
+        self.batching = Batching()
+
+    @property
+    def batcher(self) -> Batcher | None:
+        """The batch every engine over this runtime uses (None: each forward alone)."""
+        return self.batching.batcher
+
+    @batcher.setter
+    def batcher(self, batcher: Batcher | None) -> None:
+        self.batching.batcher = batcher
 
     def close(self, timeout: float | None = None) -> bool:
         """Take no more deposits; run those queued (at most `timeout` seconds, default the queue's

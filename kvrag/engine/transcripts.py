@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from typing_extensions import Unpack
 
-from kvrag.core.continuation import Continuation
+from kvrag.core.continuation import Continuation, plan_segments
 from kvrag.core.decoding import Generation, GenerationStream
 from kvrag.core.options import GenerationOptions, GenerationSettings, options_of
 from kvrag.core.schedule import Segment, StateRef
@@ -97,9 +97,8 @@ class Transcripts:
                         messages: list[Message] | None) -> GenerationStream:
         self.planner.check_length(len(transcript.ids))
         *context, feed = self.planner.chain(transcript.pieces(), layout)
-        answer = self.run(Continuation(context, feed.ids, opts.max_new_tokens, stop, opts.graft,
-                                       deadline=Deadline(self.deadline_s), sampling=opts.sampling, any_boundary=True,
-                                       layout=layout))
+        answer = self.run(Continuation(plan_segments(context, graft=opts.graft, prefix=True), feed.ids, opts.max_new_tokens,
+                                       stop, deadline=Deadline(self.deadline_s), sampling=opts.sampling, layout=layout))
         if not opts.deposits:
             return answer
         if messages is None:

@@ -18,7 +18,7 @@ from typing import Iterator, Literal, Sequence
 import torch
 from pydantic import BaseModel, Field, ValidationError
 
-from kvrag.core.continuation import Continuation
+from kvrag.core.continuation import Continuation, plan_segments
 from kvrag.core.deposit import Depositor
 from kvrag.core.protocol import BlendLimits
 from kvrag.core.schedule import Planner
@@ -114,9 +114,9 @@ class BlendGate:
                 self.depositor.ensure(root)
             segments = self.planner.documents([first, second])
             feed = self.planner.question(question, segments)
-            yield (Continuation(segments, feed, 1, graft=False),
-                   Continuation(segments, feed, 1, requested=[self.planner.ref(r) for r in roots], blend=ratio,
-                                rerotate=rerotate))
+            refs = [self.planner.ref(r) for r in roots]
+            yield (Continuation(plan_segments(segments, graft=False), feed, 1),
+                   Continuation(plan_segments(segments, refs, scope=self.identity.scope_id, blend=ratio, rerotate=rerotate), feed, 1))
 
     def verdict(self, kls: Sequence[float], agreed: int, *, ratio: float, rerotate: bool, max_mean_kl: float,
                 min_agreement: float) -> GateResult:

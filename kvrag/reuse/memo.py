@@ -25,7 +25,7 @@ from typing import Literal, Sequence
 from pydantic import BaseModel, Field
 
 from kvrag.artifacts.format import TokenId
-from kvrag.core.continuation import Continuation
+from kvrag.core.continuation import Continuation, Recall, plan_segments
 from kvrag.core.deposit import Depositor
 from kvrag.core.restore import Restorer
 from kvrag.core.schedule import Planner, Segment, StateRef
@@ -217,8 +217,8 @@ class Memo:
         the verified answer (and its end token if it had one)."""
         known = entry.answer_ids[: len(entry.answer_ids) - entry.tail]
         limit = min(max_new_tokens, len(entry.answer_ids) - len(known) + int(entry.ended))
-        return Continuation([*context, memo_segment], [known[-1]], limit, stop, known=known, memo=True, deadline=deadline,
-                            layout=layout)
+        return Continuation([*plan_segments(context), Recall(memo_segment)], [known[-1]], limit, stop, known=known,
+                            deadline=deadline, layout=layout)
 
     def suggestions(self, query: str, k: int = 3) -> list[tuple[MemoEntry, float]]:
         """Stored entries whose queries look like `query`: for a person to look at, never an answer."""

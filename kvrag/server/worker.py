@@ -40,8 +40,7 @@ class Worker:
         self.threads = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="kvrag-generate")
         #: the generations' reads and steps, `concurrency` rows per forward at most (every tenant's)
         self.batcher = Batcher(engine.runner, rows=settings.concurrency, observe=metrics.BATCH_ROWS.observe)
-        batch = self.batcher if settings.batch else None
-        engine.runtime.batcher = engine.continuer.batcher = engine.depositor.batcher = batch
+        engine.runtime.batcher = self.batcher if settings.batch else None
         self.system_fingerprint = "kvrag-" + engine.fingerprint[:16]
         self._tenants: dict[str, KVEngine] = {"": engine}
         self._building = threading.Lock()

@@ -115,7 +115,7 @@ def _concurrently(engine: KVEngine, requests: list[dict], starts: list[int], row
     """`requests` on threads of their own through a batcher of `rows`, each arriving after its
     `starts` batch forwards; the batcher (closed) and each request's result by index."""
     batcher = Batcher(engine.runner, rows=rows)
-    engine.continuer.batcher = batcher
+    engine.runtime.batcher = batcher
     out: dict[int, object] = {}
     threads = [threading.Thread(target=_run, args=(engine, r, batcher, s, out, i))
                for i, (r, s) in enumerate(zip(requests, starts))]
@@ -192,7 +192,7 @@ def test_a_deposit_beside_answers_reads_in_the_batch_and_stores_the_bytes_made_a
 
     monkeypatch.setattr(batching.Lane, "read", counted)
     batcher = Batcher(engine.runner, rows=4)
-    engine.continuer.batcher = engine.depositor.batcher = batcher
+    engine.runtime.batcher = batcher
     out: dict[int, object] = {}
     threads = [threading.Thread(target=lambda i=i, r=r: out.__setitem__(i, engine.generate(**r, memo=False)))
                for i, r in enumerate(requests)]
@@ -230,7 +230,7 @@ def test_a_background_read_waits_for_the_answers_under_way_at_most_its_patience(
     monkeypatch.setattr(batching, "BACKGROUND_WAIT_S", patience)
     engine = KVEngine(tiny("llama"), MemoryStore())
     batcher = Batcher(engine.runner, rows=4)
-    engine.continuer.batcher = batcher
+    engine.runtime.batcher = batcher
     answering = threading.Thread(target=lambda: engine.generate("Write at length.", states=[DOC_A],
                                                                  max_new_tokens=300, memo=False))
     answering.start()
@@ -268,7 +268,7 @@ def test_a_request_arriving_mid_answer_advances_a_token_per_forward(monkeypatch)
     monkeypatch.setattr(batching, "GATHER_S", 10.0)
     engine = KVEngine(tiny("llama"), MemoryStore())
     batcher = Batcher(engine.runner, rows=4)
-    engine.continuer.batcher = batcher
+    engine.runtime.batcher = batcher
     long = threading.Thread(target=lambda: engine.generate("Write at length.", states=[DOC_A], max_new_tokens=200,
                                                            memo=False))
     long.start()

@@ -86,7 +86,7 @@ def _questions(engine: KVEngine) -> None:
 def _a_batch() -> None:
     engine = KVEngine(tiny("llama"), MemoryStore())
     batcher = Batcher(engine.runner, rows=4)
-    engine.runtime.batcher = engine.continuer.batcher = engine.depositor.batcher = batcher
+    engine.runtime.batcher = batcher
     try:
         asked = [threading.Thread(target=engine.generate, args=(f"{QUESTION} ({n})",),
                                   kwargs={"states": [DOC_A], "max_new_tokens": 3, "memo": False}) for n in range(3)]

@@ -6,7 +6,7 @@ import pytest
 
 from kvrag import KVEngine, MemoryStore
 from kvrag.apps.ab import run_ab
-from kvrag.core.continuation import Continuation
+from kvrag.core.continuation import Continuation, plan_segments
 from kvrag.core.protocol import BlendLimits
 from kvrag.reuse.gate import kl_divergence
 from kvrag.reuse.levers import ChainWarmer, stored_prefix_first
@@ -84,10 +84,11 @@ def test_blending_with_every_token_recomputed_reproduces_the_exact_path():
     roots = [e.deposit(DOC_A), e.deposit(DOC_B)]
     segments = e.plan([DOC_A, DOC_B])
     feed = e.planner.question("Who built it?", segments)
-    exact = e.run(Continuation(segments, feed, 1, graft=False)).result()
-    full = e.run(Continuation(segments, feed, 1, requested=roots, blend=1.0)).result()
-    partial = e.run(Continuation(segments, feed, 1, requested=roots, blend=0.15)).result()
-    moved = e.run(Continuation(segments, feed, 1, requested=roots, approximate=True)).result()
+    scope = e.identity.scope_id
+    exact = e.run(Continuation(plan_segments(segments, graft=False), feed, 1)).result()
+    full = e.run(Continuation(plan_segments(segments, roots, scope=scope, blend=1.0), feed, 1)).result()
+    partial = e.run(Continuation(plan_segments(segments, roots, scope=scope, blend=0.15), feed, 1)).result()
+    moved = e.run(Continuation(plan_segments(segments, roots, scope=scope, approximate=True), feed, 1)).result()
     assert kl_divergence(exact.first_token_logits, full.first_token_logits) < 1e-6
     assert kl_divergence(exact.first_token_logits, partial.first_token_logits) < kl_divergence(
         exact.first_token_logits, moved.first_token_logits)
@@ -125,7 +126,8 @@ def test_gpt2_and_sliding_window_models_do_not_blend():
         e = engine(family)
         roots = [e.deposit(DOC_A), e.deposit(DOC_B)]
         segments = e.plan([DOC_A, DOC_B])
-        answer = e.run(Continuation(segments, e.planner.question("Who?", segments), 1, requested=roots, blend=0.15)).result()
+        steps = plan_segments(segments, roots, scope=e.identity.scope_id, blend=0.15)
+        answer = e.run(Continuation(steps, e.planner.question("Who?", segments), 1)).result()
         assert answer.receipt.exact and answer.receipt.mode == "partial-graft"
 
 

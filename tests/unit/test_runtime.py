@@ -12,6 +12,7 @@ import pytest
 from kvrag import KVEngine, MemoryStore, Runtime, load_model
 from kvrag.apps.verify import _one_stock_pass
 from kvrag.core import RAG_DEFAULTS
+from kvrag.core.batching import Batcher
 from kvrag.models.turns import Turns
 
 from ..conftest import DOC_A, DOC_B, DOC_C, QUESTION
@@ -103,6 +104,14 @@ def test_tenants_share_the_runtime_and_keep_every_setting(model):
     assert tenant.layout == server.layout != KVEngine(runtime, MemoryStore()).layout  # the operator's system prompt
     assert tenant.namespace == "acme" and tenant.signing_key != server.signing_key  # the tenant's own key
     assert tenant.identity.scope != server.identity.scope
+    # the batch is set once, on the runtime: engines made before it and after it use it alike
+    runtime.batcher = batcher = Batcher(runtime.runner, rows=4)
+    later = server.tenant("later")
+    for engine in (server, tenant, later):
+        assert engine.continuer.batching.batcher is engine.depositor.batching.batcher is batcher
+    runtime.batcher = None
+    assert tenant.continuer.batching.batcher is later.depositor.batching.batcher is None
+    batcher.close()
 
 
 def test_turns_are_fair_and_reentrant():
@@ -178,8 +187,6 @@ def test_answers_never_write_into_the_stored_bytes_they_graft(family):
     # window's layers and the batch must only ever read them
     import hashlib
 
-    from kvrag.core.batching import Batcher
-
     store = MemoryStore()
     engine = KVEngine(load_model(f"tiny-random-{family}"), store)
     engine.deposit_chain([DOC_A, DOC_B])
@@ -192,7 +199,7 @@ def test_answers_never_write_into_the_stored_bytes_they_graft(family):
     assert len(before) == 3
     for states in ([DOC_A, DOC_B], [DOC_A, DOC_B], [DOC_C], [DOC_A, DOC_C]):  # again: from kept buffers
         engine.generate(QUESTION, states=states, max_new_tokens=6, memo=False)
-    engine.runtime.batcher = engine.continuer.batcher = engine.depositor.batcher = Batcher(engine.runner, rows=4)
+    engine.runtime.batcher = Batcher(engine.runner, rows=4)
     asked = [threading.Thread(target=engine.generate, args=(QUESTION,),
                               kwargs={"states": states, "max_new_tokens": 6, "memo": False})
              for states in ([DOC_A, DOC_B], [DOC_C], [DOC_A, DOC_B])]
