@@ -90,7 +90,7 @@ def plan_segments(segments: Sequence[Segment], requested: Sequence[StateRef | st
     for index, segment in enumerate(segments):
         req = requested[index] if requested else None
         other = req if isinstance(req, StateRef) and req.key != segment.key else None
-        foreign = other is not None and bool(other.scope) and other.scope != scope
+        foreign = other is not None and other.foreign_to(scope)
         if not graft:
             steps.append(Text(segment, requested=other))
         elif other is not None and not foreign and blend is not None:

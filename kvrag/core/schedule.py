@@ -60,6 +60,10 @@ class StateRef(BaseModel):
     def end(self) -> int:
         return self.start + self.token_count
 
+    def foreign_to(self, scope_id: str) -> bool:
+        """Whether it was deposited in another key scope than `scope_id` (an engine's `scope_id`)."""
+        return bool(self.scope) and self.scope != scope_id
+
 
 class Planner:
     """Segments for one engine (its identity, layout and the model's maximum positions)."""
@@ -132,7 +136,7 @@ class Planner:
                 f"{after.model_fingerprint[:12]}, this engine's is {self.fingerprint[:12]}); "
                 "deposit the chain again with this model"
             )
-        if after is not None and after.scope and after.scope != self.identity.scope_id:
+        if after is not None and after.foreign_to(self.identity.scope_id):
             raise ForeignStateError(
                 f"state {after.key[:12]} was deposited in another scope (another signing key, namespace or "
                 "hardware); deposit the chain again with this engine"

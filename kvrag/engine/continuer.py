@@ -115,7 +115,7 @@ class Continuer:
             reason, detail = e.reason, str(e)
         # A ref made in another scope (signing key, namespace, hardware) is `foreign`; one of this
         # scope with another key was deposited at another position or after another chain: `moved`.
-        if other is not None and other.scope and other.scope != self.identity.scope_id:
+        if other is not None and other.foreign_to(self.identity.scope_id):
             reason, detail = "foreign", (
                 f"state {other.key[:12]} was deposited in another scope (another signing key, namespace or "
                 f"hardware) than this engine's; this engine's own state for the text: {detail}"
