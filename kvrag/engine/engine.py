@@ -143,6 +143,11 @@ class KVEngine(Transcripts):
         one, and the tenant's namespace and key (derived from this engine's signing key)."""
         return KVEngine(self.runtime, self.store, namespace=namespace, **self._settings)
 
+    def with_store(self, store: StateStore | str | None) -> "KVEngine":
+        """An engine over `store` with this one's runtime, namespace and every setting (an A/B run
+        on a fresh store, say)."""
+        return KVEngine(self.runtime, store, namespace=self.namespace, **self._settings)
+
     def _wire(self, stream_grafts: bool) -> None:
         """The parts a question passes through, each given only what it uses."""
         invariant = self.model.attn == INVARIANT

@@ -11,10 +11,14 @@ from pydantic import BaseModel
 from kvrag.core.options import Order
 from kvrag.errors import InputError
 
-__all__ = ["ABRow", "ABSummary", "Policy", "Order", "load_jsonl"]
+__all__ = ["ABRow", "ABSummary", "Policy", "Order", "load_jsonl", "contains_gold"]
 
 Policy = Literal["lazy", "warm"]
 
+
+def contains_gold(answer: str, golds: Sequence[str]) -> bool:
+    """Whether `answer` holds one of the gold answers, case-folded: how every arm is scored."""
+    return any(g.casefold() in answer.casefold() for g in golds)
 
 
 class ABRow(BaseModel):
@@ -34,6 +38,8 @@ class ABRow(BaseModel):
     kv_hit: bool
     #: whether text RAG over the top k in retrieval order (the prompt no lever touched) holds a gold answer
     text_retrieval_order_hit: bool
+    #: that answer itself (the text arm's, when no lever changed the prompt)
+    text_retrieval_order_answer: str = ""
     text_mode: str
     kv_mode: str
     ttft_text_ms: float

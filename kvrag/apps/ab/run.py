@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kvrag.apps.ab.results import ABRow, ABSummary, Order, Policy
+from kvrag.apps.ab.results import ABRow, ABSummary, Order, Policy, contains_gold
 from kvrag.core.decoding import Generation, cut_at_stops
 from kvrag.core.options import RAG_DEFAULTS, GenerationOptions
 from kvrag.core.runner import logits_sha256
@@ -53,10 +53,6 @@ __all__ = ["run_ab", "STOCK_COMPLETION"]
 
 #: the stock arm's prompt: the documents, then the question and the answer cue, as plain text
 STOCK_COMPLETION = "{documents}\n\nQuestion: {question}\nAnswer:"
-
-def _hit(answer: str, golds: Sequence[str]) -> bool:
-    return any(g.casefold() in answer.casefold() for g in golds)
-
 
 #: the conventional arm's results by (model, prompt ids, tokens): a stock computation of the same
 #: ids answers the same, so a prompt that recurs (in a stream, or in another configuration) runs once
@@ -196,9 +192,10 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, polic
         doc_ids=[d.metadata["id"] for d, _ in found],
         prompt_tokens=text.receipt.tokens_prefilled,
         text_answer=text.text, kv_answer=kv.text, monolithic_answer=mono,
-        stock_answer=stock_answer, stock_hit=None if stock_answer is None else _hit(stock_answer, golds),
+        stock_answer=stock_answer, stock_hit=None if stock_answer is None else contains_gold(stock_answer, golds),
         logits_sha256_monolithic=mono_sha, memoized=_memoize(engine, q, kv, texts, golds),
-        text_hit=_hit(text.text, golds), kv_hit=_hit(kv.text, golds), text_retrieval_order_hit=_hit(in_order.text, golds),
+        text_hit=contains_gold(text.text, golds), kv_hit=contains_gold(kv.text, golds), text_retrieval_order_hit=contains_gold(in_order.text, golds),
+        text_retrieval_order_answer=in_order.text,
         deposit_after_ms=deposit_after_ms, deposit_before_ms=deposit_before_ms,
         order_changed=changed, answer_changed_by_order=changed and in_order.text != text.text,
         **_receipt_figures(text, kv),
@@ -207,7 +204,7 @@ def _row(engine: KVEngine, index: LexicalIndex, q: dict[str, Any], k: int, polic
 
 def _memoize(engine: KVEngine, q: dict[str, Any], kv: Generation, texts: list[str], golds: list[str]) -> bool:
     """Memoize a KV answer that contains a gold answer (an approximate answer never is)."""
-    if kv.receipt.mode == "memo" or not kv.receipt.exact or not _hit(kv.text, golds):
+    if kv.receipt.mode == "memo" or not kv.receipt.exact or not contains_gold(kv.text, golds):
         return False
     try:
         engine.memo.memoize(str(q["question"]), kv, states=texts,
