@@ -29,10 +29,10 @@ from kvrag.cli.common import (
     out,
     progress,
 )
-from kvrag.errors import KVRagError
+from kvrag.errors import InputError, KVRagError
 
 if TYPE_CHECKING:
-    from kvrag.apps.ab import ABSummary
+    from kvrag.apps.ab import ABSummary, LeverSweep
 
 __all__ = ["register"]
 
@@ -48,7 +48,10 @@ AB_EXAMPLES = """Examples:
 
   kvrag ab --k 3 --stream zipf --stream-n 80 --zipf-s 1.1 --seed 0 --order canonical    (skewed traffic, bundled set)
 
-  kvrag ab --k 3 --chapters 768    (the corpus as chapters of at most 768 tokens, each grafted whole)"""
+  kvrag ab --k 3 --chapters 768    (the corpus as chapters of at most 768 tokens, each grafted whole)
+
+  kvrag ab --k 3 --order canonical --streams 3 --stream-n 80 --positions    (the lever on 3 independent
+  streams: whole-context share and accuracy against retrieval order, with 95% intervals)"""
 
 
 ORDER = typer.Option("retrieval", help="retrieval; stored-first: the longest stored chain first; canonical: one "
@@ -65,6 +68,12 @@ BLEND = typer.Option(None, "--blend", min=0.01, max=1.0, help="approximate: blen
 CHAPTERS = typer.Option(None, "--chapters", min=1, help="cut the corpus into chapters of at most N tokens (by the "
                         "retriever's similarity), each deposited as a chain; a question reads the chapter holding most "
                         "of its top k, then the others as text")
+STREAMS = typer.Option(None, "--streams", min=1, max=100, help="measure the lever (--order, --chapters, --corpus-chain, "
+                       "--warm-chains, --blend, --admit-after) on N independent streams drawn from QUESTIONS (seeds "
+                       "from --seed, skews and phrasing sets in turn), each beside retrieval order on a fresh memory "
+                       "store; reports whole-context share and accuracy against retrieval order with 95% intervals")
+POSITIONS = typer.Option(False, "--positions", help="with --streams: also measure text RAG accuracy with each question's "
+                         "own document read at each of the k positions")
 STOCK = typer.Option(None, "--stock/--no-stock", help="also run the stock completion arm: a plain completion prompt and "
                      "model.generate (default: for base models)")
 
@@ -94,6 +103,8 @@ def ab(
     out_path: Optional[str] = typer.Option(None, "--out", help="write the summary and rows to this JSON file"),
     report: Optional[str] = typer.Option(None, help="write report.md and PNG plots into this folder"),
     stock: Optional[bool] = STOCK,
+    streams: Optional[int] = STREAMS,
+    positions: bool = POSITIONS,
     namespace: Optional[str] = NAMESPACE,
     signing_key_file: Optional[str] = SIGNING_KEY_FILE,
     deadline: Optional[float] = DEADLINE,
@@ -108,6 +119,21 @@ def ab(
         default_docs, default_questions = sample_paths()
         doc_rows = load_jsonl(docs or default_docs, ["id", "title", "text"])
         question_rows = load_jsonl(questions or default_questions, ["id", "question", "answers"])
+        if streams is not None:
+            lever = {key: value for key, value in (("order", order), ("corpus_chain", corpus_chain), ("chapters", chapters),
+                     ("warm_chains", warm_chains), ("blend", blend), ("admit_after", admit_after), ("policy", policy))
+                     if value != _NO_LEVER[key]}
+            sweep = _sweep(doc_rows, question_rows, lever, streams, stream, store, positions, model, dtype, attn, layout,
+                           Trust(namespace, signing_key_file, deadline, threads), k, max_tokens, stream_n, zipf_s, seed, as_json)
+            if out_path:
+                Path(out_path).write_text(sweep.model_dump_json(indent=2), encoding="utf-8")
+            if as_json:
+                print(sweep.model_dump_json(indent=2))
+            else:
+                _print_sweep(sweep)
+            return
+        if positions:
+            raise InputError("--positions is measured with --streams")
         if stream is not None:  # the file's questions become the population a stream draws from
             question_rows = skewed_stream(doc_rows, question_rows, n=stream_n, stream=stream, s=zipf_s, seed=seed)
         engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
@@ -126,6 +152,59 @@ def ab(
         print(summary.model_dump_json(indent=2))
     else:
         _print_summary(summary)
+
+
+#: run_ab's arguments when no lever is on (the baseline every lever is measured against)
+_NO_LEVER = {"order": "retrieval", "corpus_chain": False, "chapters": None, "warm_chains": False, "blend": None,
+             "admit_after": 1, "policy": "lazy"}
+
+
+def _sweep(docs: list[dict], questions: list[dict], lever: dict, count: int, stream: Optional[str], store: Optional[str],
+           positions: bool, model: str, dtype: str, attn: str, layout: Optional[str], trust: Trust, k: int,
+           max_tokens: int, stream_n: int, zipf_s: float, seed: int, quiet: bool) -> "LeverSweep":
+    from kvrag.apps.ab import independent_streams, sweep_levers
+
+    if not lever:
+        raise InputError("--streams measures a lever against retrieval order: name one (--order canonical, "
+                         "--order stored-first, --chapters N, --corpus-chain, --warm-chains, --blend R, --admit-after N)")
+    if stream is not None or store is not None:
+        raise InputError("--streams draws its own streams (--stream-n, --zipf-s, --seed) and runs each on a fresh "
+                         "memory store: leave out --stream and --store")
+    name = ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in lever.items())
+    engine = engine_for(model, "memory://", dtype, attn, layout, trust)
+    with progress(quiet) as bar:
+        tasks: dict[str, int] = {}
+
+        def report(label: str, done: int, total: int) -> None:
+            task = tasks.get(label)
+            if task is None:
+                task = tasks[label] = bar.add_task(label, total=total)
+            bar.update(task, completed=done)
+
+        return sweep_levers(engine, docs, questions, {name: lever}, streams=independent_streams(
+            count, n=stream_n, seed=seed, s=zipf_s), k=k, max_new_tokens=max_tokens, positions=positions,
+            progress=report)
+
+
+def _print_sweep(sweep: "LeverSweep") -> None:
+    table = Table("stream", "whole context: lever / none", "accuracy: lever / retrieval order [95%]",
+                  "difference [95%]", "answers changed", "holds",
+                  title=f"kvrag ab: {sweep.model}, k={sweep.k}, {len(sweep.streams)} streams")
+    for r in sweep.runs:
+        ci = r.accuracy_retrieval_order
+        table.add_row(r.stream.label, f"{r.whole_context:.2f} / {r.whole_context_baseline:.2f}",
+                      f"{r.accuracy:.2f} / {ci.estimate:.2f} [{ci.low:.2f}, {ci.high:.2f}]", str(r.difference),
+                      f"{r.answers_changed} of {r.n}", "yes" if r.holds else "[red]no[/]")
+    out.print(table)
+    for v in sweep.verdicts:
+        verdict = "[green]holds on every stream[/]" if v.holds else "[red]costs accuracy on at least one stream[/]"
+        out.print(f"{v.lever}: whole context {v.whole_context.mean:.2f} ({v.whole_context.low:.2f}-"
+                  f"{v.whole_context.high:.2f}) against {v.whole_context_baseline.mean:.2f}; accuracy difference "
+                  f"{v.difference} over {v.rows} questions; {verdict}")
+    if sweep.positions:
+        p = sweep.positions
+        out.print(f"own document read at position 1..{p.k} ({p.questions} questions): " + ", ".join(
+            f"{a.estimate:.2f} [{a.low:.2f}, {a.high:.2f}]" for a in p.accuracy_by_position))
 
 
 def _print_summary(summary: "ABSummary") -> None:
