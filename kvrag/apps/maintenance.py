@@ -86,19 +86,22 @@ def _info(tier: StateStore, key: str, signing_key: bytes | None = None) -> State
     )
 
 
-def list_states(store: StateStore, signing_key: bytes | str | None = None) -> Iterator[StateInfo]:
-    """Every state in every tier, its signature checked with `signing_key` (default: this user's)."""
-    key, _ = key_for(signing_key, store.namespace)
+def list_states(store: StateStore, signing_key: bytes | str | None = None,
+                namespace: str | None = None) -> Iterator[StateInfo]:
+    """Every state in every tier, its signature checked with `signing_key` (default: this user's),
+    or with the key it derives for `namespace` (default: the store's)."""
+    key, _ = key_for(signing_key, store.namespace if namespace is None else namespace)
     for tier in store.tiers:
         for state in tier.keys():
             yield _info(tier, state, key)
 
 
-def list_gates(store: StateStore, signing_key: bytes | str | None = None) -> list[GateResult]:
+def list_gates(store: StateStore, signing_key: bytes | str | None = None,
+               namespace: str | None = None) -> list[GateResult]:
     """The blend gates' verdicts in `store` that are sealed with `signing_key` (default: this
     user's key; see `kvrag.trust.signing`), oldest first; others are left out. `passed` is as an
     engine with the default `BlendLimits` judges it (a verdict made under looser limits is refused)."""
-    records = SealedRecords(store, key_for(signing_key, store.namespace)[0])  # type: ignore[arg-type]
+    records = SealedRecords(store, key_for(signing_key, store.namespace if namespace is None else namespace)[0])  # type: ignore[arg-type]
     gates = []
     for name in records.names("gate"):
         body = records.get(name)
@@ -111,11 +114,13 @@ def list_gates(store: StateStore, signing_key: bytes | str | None = None) -> lis
     return sorted(gates, key=lambda g: g.at)
 
 
-def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None = None) -> dict[str, Any]:
+def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None = None,
+                  namespace: str | None = None) -> dict[str, Any]:
     """The manifest of `key` in each tier that has it, its signature checked on the stored bytes
-    with `signing_key` (default: this user's), and whether its payload checks out there."""
+    with `signing_key` (default: this user's, or the key it derives for `namespace`), and whether
+    its payload checks out there."""
     found: dict[str, Any] = {}
-    signer, _ = key_for(signing_key, store.namespace)
+    signer, _ = key_for(signing_key, store.namespace if namespace is None else namespace)
     for tier in store.tiers:
         raw = tier.read_manifest(key)
         if raw is None:

@@ -50,9 +50,10 @@ STORE = typer.Option(None, "--store", help="store URL, e.g. disk://./states or r
                      "(tiers, hot first; default: a disk store in the user cache)")
 NAMESPACE = typer.Option(None, "--namespace", envvar="KVRAG_NAMESPACE", help="the tenant whose states this command reads "
                          "and writes (its key is derived from the signing key)")
-SIGNING_KEY_FILE = typer.Option(None, "--signing-key-file", envvar="KVRAG_SIGNING_KEY_FILE",
+SIGNING_KEY_FILE = typer.Option(None, "--signing-key-file",
                                 help="a file holding the key that signs and addresses states; machines sharing a store "
-                                "need the same key (default: $KVRAG_SIGNING_KEY, else this user's generated key)")
+                                "need the same key (default: $KVRAG_SIGNING_KEY, else the file $KVRAG_SIGNING_KEY_FILE "
+                                "names, else this user's generated key)")
 DEADLINE = typer.Option(None, "--deadline", envvar="KVRAG_DEADLINE_S", min=0.001, max=3600,
                         help="seconds a question waits on store reads before the text answers [default: 5]")
 THREADS = typer.Option(None, "--threads", envvar="KVRAG_THREADS", min=1, max=512,
@@ -73,9 +74,7 @@ class Trust:
         if self.namespace is not None:
             kwargs["namespace"] = self.namespace
         if self.signing_key_file:
-            from kvrag.trust.signing import read_key_file
-
-            kwargs["signing_key"] = read_key_file(self.signing_key_file)
+            kwargs["signing_key"] = signing_key(self.signing_key_file)
         if self.deadline is not None:
             kwargs["deadline_s"] = self.deadline
         return kwargs
@@ -95,6 +94,16 @@ def engine_for(model: str, store: Optional[str], dtype: str, attn: str, layout: 
     trust = trust or Trust()
     trust.apply_threads()
     return KVEngine.open(model, store, dtype=dtype, attn=attn, layout=layout, **trust.engine_kwargs())  # type: ignore[arg-type]
+
+
+def signing_key(signing_key_file: Optional[str]) -> Optional[bytes]:
+    """The key a `--signing-key-file` names (None: the library's own precedence,
+    `kvrag.trust.signing.resolve_signing_key`)."""
+    if not signing_key_file:
+        return None
+    from kvrag.trust.signing import read_key_file
+
+    return read_key_file(signing_key_file)
 
 
 def fail(e: Exception) -> None:

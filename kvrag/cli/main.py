@@ -33,6 +33,7 @@ from kvrag.cli.common import (
     progress,
     read_text,
     show_warnings,
+    signing_key,
 )
 from kvrag.cli.library import library_app
 from kvrag.cli.serve import register as register_serve
@@ -280,15 +281,16 @@ def explain(
 @app.command("tenant-key", epilog="Example: KVRAG_SIGNING_KEY=... kvrag tenant-key acme > acme.key   (hand acme.key to acme)")
 def tenant_key(
     tenant: str = typer.Argument(..., help="the tenant's name: its namespace in every store"),
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
 ) -> None:
-    """Print a tenant's key, derived from the operator's ($KVRAG_SIGNING_KEY, else your key file).
+    """Print a tenant's key, derived from the operator's (--signing-key-file, else $KVRAG_SIGNING_KEY, else your key file).
 
     The tenant signs, seals and addresses with it (KVRAG_SIGNING_KEY=<it>); holding it reveals
     nothing of any other tenant's states, memo or records."""
     from kvrag.trust import derive_tenant_key, resolve_signing_key
 
     try:
-        print(derive_tenant_key(resolve_signing_key(None), tenant).decode())
+        print(derive_tenant_key(resolve_signing_key(signing_key(signing_key_file)), tenant).decode())
     except KVRagError as e:
         fail(e)
 

@@ -31,6 +31,7 @@ from kvrag.cli.common import (
     fail,
     out,
     progress,
+    signing_key,
 )
 from kvrag.errors import KVRagError
 
@@ -46,6 +47,8 @@ def register(app: typer.Typer) -> None:
 
 def ls_states(
     store: Optional[str] = STORE,
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
     as_json: bool = JSON,
 ) -> None:
     """List the states in a store, tier by tier, and the blend gates' verdicts."""
@@ -53,8 +56,8 @@ def ls_states(
     from kvrag.stores import open_store
 
     try:
-        opened = open_store(store)
-        infos, gates = list(list_states(opened)), list_gates(opened)
+        opened, key = open_store(store), signing_key(signing_key_file)
+        infos, gates = list(list_states(opened, key, namespace)), list_gates(opened, key, namespace)
     except KVRagError as e:
         fail(e)
     if as_json:
@@ -82,6 +85,8 @@ def ls_states(
 def inspect(
     key: str = typer.Argument(..., help="a state key (64 hex characters), or 'gates' for the blend gates' verdicts"),
     store: Optional[str] = STORE,
+    namespace: Optional[str] = NAMESPACE,
+    signing_key_file: Optional[str] = SIGNING_KEY_FILE,
     as_json: bool = JSON,
 ) -> None:
     """Show a state's manifest in each tier and check its payload there (or the blend gates)."""
@@ -89,10 +94,11 @@ def inspect(
     from kvrag.stores import open_store
 
     try:
+        signer = signing_key(signing_key_file)
         if key == "gates":
-            print(json.dumps([g.model_dump() for g in list_gates(open_store(store))], indent=2))
+            print(json.dumps([g.model_dump() for g in list_gates(open_store(store), signer, namespace)], indent=2))
             return
-        found = inspect_state(open_store(store), key)
+        found = inspect_state(open_store(store), key, signer, namespace)
     except KVRagError as e:
         fail(e)
     if as_json:
