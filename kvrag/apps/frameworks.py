@@ -16,6 +16,7 @@ from kvrag.core.schedule import StateRef
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError
 from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
+from kvrag.trust.signing import read_key_file
 
 __all__ = ["STATE_KEY", "FINGERPRINT_KEY", "RECEIPT_KEY", "STATE_METADATA_KEYS", "Retrieved", "StateRetrieval",
            "states_for", "EngineOpener", "call_options"]
@@ -82,12 +83,16 @@ class EngineOpener:
         self._opened: KVEngine | None = None
 
     def engine(self, given: KVEngine | None, model: str, store: str | None = None, *, dtype: str | None = None,
-               attn: str | None = None) -> KVEngine:
+               attn: str | None = None, signing_key_file: str | None = None,
+               namespace: str | None = None) -> KVEngine:
+        """`given`, else the engine opened from these fields: the key in `signing_key_file` (else the
+        library's order, `kvrag.trust.signing.resolve_signing_key`), the tenant `namespace`."""
         if given is not None:
             return given
         with self._lock:
             if self._opened is None:
-                self._opened = KVEngine.open(model, store, dtype=dtype, attn=attn)
+                key = read_key_file(signing_key_file) if signing_key_file else None
+                self._opened = KVEngine.open(model, store, dtype=dtype, attn=attn, signing_key=key, namespace=namespace)
         return self._opened
 
 

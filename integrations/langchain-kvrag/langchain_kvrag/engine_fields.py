@@ -21,7 +21,9 @@ class KVEngineFields(BaseModel):
 
     engine: KVEngine | None = Field(default=None, exclude=True)
     model_name: str = Field(default="smollm2-135m", alias="model")
-    store: str | None = None
+    store: str | None = None  # a store URL (kvrag.stores.open_store); default: the disk store
+    signing_key_file: str | None = None  # the fleet's key file; default: kvrag's key order
+    namespace: str | None = None  # a tenant: its key is derived from the signing key
     dtype: str | None = None
     attn: str | None = None
     max_tokens: int = 64
@@ -42,7 +44,8 @@ class KVEngineFields(BaseModel):
         return "kvrag"
 
     def _engine(self) -> KVEngine:
-        return self._opener.engine(self.engine, self.model_name, self.store, dtype=self.dtype, attn=self.attn)
+        return self._opener.engine(self.engine, self.model_name, self.store, dtype=self.dtype, attn=self.attn,
+                                   signing_key_file=self.signing_key_file, namespace=self.namespace)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

@@ -50,7 +50,8 @@ class KVRagLLM(CustomLLM):
     `KVEngine.stream_chat`); what was read as text is deposited afterwards, so the next prompt that
     begins alike grafts it. The receipt is in every response's `additional_kwargs["kvrag_receipt"]`.
 
-    Give `engine`, or `model` (and `store`, `dtype`, `attn`) to build one on first use. Decoding is
+    Give `engine`, or `model` (and `store`, `signing_key_file`, `namespace`, `dtype`, `attn`) to
+    build one on first use. Decoding is
     greedy unless `temperature` > 0 (then `top_p`, `top_k` and `seed` apply). `complete(prompt,
     states=[...])` instead answers `prompt` as a question after those documents' states.
     """
@@ -59,7 +60,9 @@ class KVRagLLM(CustomLLM):
 
     engine: KVEngine | None = Field(default=None, exclude=True)
     model: str = "smollm2-135m"
-    store: str | None = None
+    store: str | None = None  # a store URL (kvrag.stores.open_store); default: the disk store
+    signing_key_file: str | None = None  # the fleet's key file; default: kvrag's key order
+    namespace: str | None = None  # a tenant: its key is derived from the signing key
     dtype: str | None = None
     attn: str | None = None
     max_new_tokens: int = 64
@@ -80,7 +83,8 @@ class KVRagLLM(CustomLLM):
 
     def kv_engine(self) -> KVEngine:
         """The engine: the one given, or one built on first use (once, even from several threads)."""
-        return self._opener.engine(self.engine, self.model, self.store, dtype=self.dtype, attn=self.attn)
+        return self._opener.engine(self.engine, self.model, self.store, dtype=self.dtype, attn=self.attn,
+                                   signing_key_file=self.signing_key_file, namespace=self.namespace)
 
     def options(self, kwargs: dict[str, Any] | None = None) -> GenerationOptions:
         """This LLM's options (its fields), each overridden by a call's `kwargs` where given."""
