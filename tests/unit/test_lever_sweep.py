@@ -77,12 +77,14 @@ def test_an_interval_lies_within_the_values_and_is_ordered(rows):
 
 
 def test_a_lever_holds_only_where_its_accuracy_reaches_the_retrieval_orders_interval():
-    def run(accuracy: float) -> LeverOnStream:
+    def run(accuracy: float, difference_high: float = 0.1) -> LeverOnStream:
         return LeverOnStream(stream=StreamSpec(), lever="x", n=10, whole_context=0.5, whole_context_baseline=0.4,
                              token_reuse=0.6, accuracy=accuracy, accuracy_retrieval_order=Interval(estimate=0.4, low=0.3, high=0.5),
-                             difference=Interval(estimate=0.0, low=-0.1, high=0.1), answers_changed=0, reordered_rows=0,
-                             logits_byte_exact=1.0)
+                             difference=Interval(estimate=-0.05, low=-0.1, high=difference_high), answers_changed=0,
+                             reordered_rows=0, logits_byte_exact=1.0)
     assert run(0.3).holds and run(0.9).holds and not run(0.29).holds
+    # within the interval of retrieval order, but paired question by question it is worse
+    assert run(0.35, difference_high=0.0).holds and not run(0.35, difference_high=-0.01).holds
     assert run(0.2).model_dump()["holds"] is False  # written out with the run
 
 
@@ -106,7 +108,7 @@ def test_a_sweeps_figures_are_those_of_its_own_runs_on_each_stream():
         assert measured.reordered_rows == sum(r.order_changed for r in lever.rows)
     assert {r.accuracy for r in sweep.runs} | {r.accuracy_retrieval_order.estimate for r in sweep.runs} != {0.0}
     (verdict,) = sweep.verdicts
-    assert verdict.rows == 10 and verdict.holds == all(r.holds for r in sweep.runs)
+    assert verdict.rows == 10 and verdict.holds == (all(r.holds for r in sweep.runs) and verdict.difference.high >= 0)
     assert verdict.difference.estimate == pytest.approx(statistics.fmean(r.difference.estimate for r in sweep.runs))
     with pytest.raises(InputError):
         sweep_levers(engine, SHORT_DOCS, QUOTE_QUESTIONS, {BASELINE: {}}, streams=specs)

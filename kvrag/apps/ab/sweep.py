@@ -10,7 +10,9 @@ question), with a 95% interval from a bootstrap over questions: every drawn phra
 question resamples together, because a stream repeats questions and repeats are not independent.
 
 A lever *holds* on a stream when its accuracy is at least the lower end of the retrieval order's
-interval there; `LeverVerdict.holds` says whether it held on every stream.
+interval there and the interval of its paired difference reaches zero (the streams cannot tell it
+from retrieval order); `LeverVerdict.holds` says whether it held on every stream and on all of them
+pooled, where the paired interval is narrowest.
 
 `position_sensitivity` measures the suspect behind an order's cost directly: each question's own
 document read first, in the middle, last, the other retrieved documents in retrieval order.
@@ -136,8 +138,9 @@ class LeverOnStream(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def holds(self) -> bool:
-        """The lever's accuracy is within (or above) the retrieval order's interval."""
-        return self.accuracy >= self.accuracy_retrieval_order.low
+        """The lever's accuracy is within (or above) the retrieval order's interval, and its paired
+        difference is not below zero with 95% confidence."""
+        return self.accuracy >= self.accuracy_retrieval_order.low and self.difference.high >= 0
 
 
 class LeverVerdict(BaseModel):
@@ -150,7 +153,7 @@ class LeverVerdict(BaseModel):
     whole_context_baseline: Spread
     difference: Interval  # pooled over streams, resampling (stream, base question) clusters
     answers_changed: int
-    holds: bool  # held on every stream
+    holds: bool  # held on every stream, and the pooled difference's interval reaches zero
 
 
 class PositionSensitivity(BaseModel):
@@ -228,8 +231,8 @@ def sweep_levers(
             lever=name, streams=len(mine), rows=sum(r.n for r in mine),
             whole_context=Spread.of([r.whole_context for r in mine]),
             whole_context_baseline=Spread.of([r.whole_context_baseline for r in mine]),
-            difference=bootstrap_mean(values, names), answers_changed=sum(r.answers_changed for r in mine),
-            holds=all(r.holds for r in mine)))
+            difference=(pooled := bootstrap_mean(values, names)), answers_changed=sum(r.answers_changed for r in mine),
+            holds=all(r.holds for r in mine) and pooled.high >= 0))
     measured = position_sensitivity(engine, docs, questions, k=k, max_new_tokens=max_new_tokens) if positions else None
     return LeverSweep(model=engine.model.name, k=k, max_new_tokens=max_new_tokens, streams=list(streams), runs=runs,
                       verdicts=verdicts, positions=measured)
