@@ -22,7 +22,7 @@ import time
 from tqdm import tqdm
 
 from kvrag import KVEngine, MemoryStore, load_model
-from kvrag.apps.ab import LeverSweep, independent_streams, load_jsonl, sweep_levers
+from kvrag.apps.ab import LeverSweep, independent_streams, load_jsonl, position_sensitivity, sweep_levers
 from kvrag.data import sample_paths
 
 #: the levers this script can measure, each under the lazy policy
@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="the first stream's seed (the bundled pages used seed 0)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--no-positions", action="store_true", help="skip the position measurement")
+    parser.add_argument("--positions-only", action="store_true",
+                        help="only the position measurement, over every phrasing of every question")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
@@ -82,9 +84,20 @@ def main() -> None:
                platform.processor())
     print(f"{cpu}, commit {commit}, {time.strftime('%Y-%m-%d')}; memory store, lazy policy, greedy, "
           f"at most {args.max_new_tokens} new tokens")
-    results = []
+    results: list = []
     for name in args.models.split(","):
         model = load_model(name)
+        if args.positions_only:
+            measured = position_sensitivity(KVEngine(model, MemoryStore()), docs, questions, k=args.k,
+                                            max_new_tokens=args.max_new_tokens, phrasings="all")
+            print(f"\n{name}, {measured.questions} phrasings, own document read at 1..{measured.k}: " + ", ".join(
+                f"{a.estimate:.2f} [{a.low:.2f}, {a.high:.2f}]" for a in measured.accuracy_by_position), flush=True)
+            results.append(measured)
+            if args.json_path:
+                with open(args.json_path, "w", encoding="utf-8") as f:
+                    json.dump({"cpu": cpu, "commit": commit, "date": time.strftime("%Y-%m-%d"),
+                               "positions": {n: p.model_dump(mode="json") for n, p in zip(args.models.split(","), results)}}, f, indent=2)
+            continue
         bars: dict[str, tqdm] = {}
 
         def progress(label: str, done: int, total: int) -> None:
