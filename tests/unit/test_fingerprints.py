@@ -98,3 +98,13 @@ def test_states_of_the_earlier_invariant_kernels_are_never_found():
         old = now.model_copy(update={"attn_implementation": earlier})
         assert old.digest != now.digest
         assert EngineIdentity.of(old, "cpu", key, "").scope != current.scope
+
+
+def test_an_upgrade_of_torch_or_transformers_changes_the_fingerprints():
+    """What docs/guides/upgrades.md tells operators: states made under another torch or
+    transformers version are not found (their keys hash these fingerprints) and are read again."""
+    fp = tiny("llama").fingerprint
+    assert ModelFingerprint.model_validate({**fp.model_dump(), "transformers_version": "99.0.0"}).digest != fp.digest
+    hw = hardware_fingerprint()
+    assert HardwareFingerprint.model_validate({**hw.model_dump(), "torch_version": "99.0.0"}).digest != hw.digest
+    assert HardwareFingerprint.model_validate({**hw.model_dump(), "cpu_capability": "DEFAULT"}).digest != hw.digest
