@@ -57,6 +57,9 @@ class StateFile:
     size: int
     last_used: float  # seconds since the epoch: its write or, in a capped store, its last read
 
+#: the query parameters its URL takes, besides those every tier takes
+PARAMS = ("max_gib", "evict", "half_life_s")
+
 
 class DiskStore(StateStore, BlobStore):
     """States under `root/states/<key[:2]>/<key>.kvstate`; with `max_bytes`, those files are kept
@@ -82,7 +85,7 @@ class DiskStore(StateStore, BlobStore):
         """From what follows `disk://`: a folder, and optionally `?max_gib=N&evict=lru|value&half_life_s=S`."""
         folder, _, query = rest.partition("?")
         params = dict(parse_qsl(query, keep_blank_values=True))
-        unknown = set(params) - {"max_gib", "evict", "half_life_s"}
+        unknown = set(params) - set(PARAMS)
         if unknown:
             raise StoreError(f"disk:// takes only ?max_gib=N&evict=lru|value&half_life_s=S, not {', '.join(sorted(unknown))}")
         if not folder:

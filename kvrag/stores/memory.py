@@ -19,6 +19,9 @@ __all__ = ["MemoryStore"]
 
 _MIB = 1 << 20
 
+#: the query parameters its URL takes, besides those every tier takes
+PARAMS = ("max_mib", "evict", "half_life_s")
+
 
 class MemoryStore(StateStore, BlobStore):
     """States and blobs in dicts. With `max_bytes`, bounded: every read is a use of an entry, and
@@ -42,7 +45,7 @@ class MemoryStore(StateStore, BlobStore):
     @classmethod
     def from_params(cls, params: dict[str, str]) -> "MemoryStore":
         """From a URL's query (`max_mib`, `evict`, `half_life_s`), e.g. `memory://?max_mib=512&evict=value`."""
-        unknown = set(params) - {"max_mib", "evict", "half_life_s"}
+        unknown = set(params) - set(PARAMS)
         if unknown:
             raise StoreError(f"memory:// takes only ?max_mib=N&evict=lru|value&half_life_s=S, not {', '.join(sorted(unknown))}")
         max_bytes, eviction, half_life_s = capacity_params(params, size_name="max_mib")
