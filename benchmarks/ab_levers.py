@@ -45,7 +45,7 @@ def tables(sweep: LeverSweep) -> str:
                      f"{r.accuracy:.2f} / {ci.estimate:.2f} [{ci.low:.2f}, {ci.high:.2f}] | {r.difference} | "
                      f"{r.answers_changed} of {r.n} | {'yes' if r.holds else 'no'} |")
     lines += ["", "| lever | streams | rows | whole context grafted: lever (min-max) / none | accuracy difference, pooled [95%] | "
-              "answers changed | holds on every stream |", "|---|---:|---:|---|---|---:|---|"]
+              "answers changed | holds: every stream and pooled |", "|---|---:|---:|---|---|---:|---|"]
     for v in sweep.verdicts:
         lines.append(f"| {v.lever} | {v.streams} | {v.rows} | {v.whole_context.mean:.2f} ({v.whole_context.low:.2f}-"
                      f"{v.whole_context.high:.2f}) / {v.whole_context_baseline.mean:.2f} | {v.difference} | "
