@@ -33,6 +33,7 @@ from kvrag.errors import InputError, KVRagError
 
 if TYPE_CHECKING:
     from kvrag.apps.ab import ABSummary, LeverSweep
+    from kvrag.engine.engine import KVEngine
 
 __all__ = ["register"]
 
@@ -112,46 +113,60 @@ def ab(
     as_json: bool = JSON,
 ) -> None:
     """Compare text RAG and KV RAG on the same retrieval, prompt and decoding."""
-    from kvrag.apps.ab import load_jsonl, run_ab, skewed_stream, write_report
-    from kvrag.data import sample_paths
-
     try:
-        default_docs, default_questions = sample_paths()
-        doc_rows = load_jsonl(docs or default_docs, ["id", "title", "text"])
-        question_rows = load_jsonl(questions or default_questions, ["id", "question", "answers"])
+        doc_rows, question_rows = _inputs(docs, questions)
+        trust = Trust(namespace, signing_key_file, deadline, threads)
+        options = dict(order=order, corpus_chain=corpus_chain, chapters=chapters, warm_chains=warm_chains, blend=blend,
+                       admit_after=admit_after, policy=policy)
         if streams is not None:
-            lever = {key: value for key, value in (("order", order), ("corpus_chain", corpus_chain), ("chapters", chapters),
-                     ("warm_chains", warm_chains), ("blend", blend), ("admit_after", admit_after), ("policy", policy))
-                     if value != _NO_LEVER[key]}
-            sweep = _sweep(doc_rows, question_rows, lever, streams, stream, store, positions, model, dtype, attn, layout,
-                           Trust(namespace, signing_key_file, deadline, threads), k, max_tokens, stream_n, zipf_s, seed, as_json)
-            if out_path:
-                Path(out_path).write_text(sweep.model_dump_json(indent=2), encoding="utf-8")
-            if as_json:
-                print(sweep.model_dump_json(indent=2))
-            else:
-                _print_sweep(sweep)
-            return
-        if positions:
-            raise InputError("--positions is measured with --streams")
-        if stream is not None:  # the file's questions become the population a stream draws from
-            question_rows = skewed_stream(doc_rows, question_rows, n=stream_n, stream=stream, s=zipf_s, seed=seed)
-        engine = engine_for(model, store, dtype, attn, layout, Trust(namespace, signing_key_file, deadline, threads))
-        with progress(as_json) as bar:
-            task = bar.add_task("A/B", total=len(question_rows))
-            summary = run_ab(engine, doc_rows, question_rows, k=k, max_new_tokens=max_tokens, policy=policy, order=order,
-                             corpus_chain=corpus_chain, chapters=chapters, warm_chains=warm_chains, blend=blend, stock=stock,
-                             admit_after=admit_after, progress=lambda done, _n: bar.update(task, completed=done))
-        if report:
-            err.print(f"report: {write_report(summary, report)}")
+            result: "ABSummary | LeverSweep" = _sweep(doc_rows, question_rows, options, streams, stream, store, positions,
+                                                      model, dtype, attn, layout, trust, k, max_tokens, stream_n, zipf_s,
+                                                      seed, as_json)
+        else:
+            if positions:
+                raise InputError("--positions is measured with --streams")
+            if stream is not None:  # the file's questions become the population a stream draws from
+                question_rows = _drawn(doc_rows, question_rows, stream, stream_n, zipf_s, seed)
+            result = _compare(doc_rows, question_rows, options, engine_for(model, store, dtype, attn, layout, trust), k,
+                              max_tokens, stock, report, as_json)
     except KVRagError as e:
         fail(e)
     if out_path:
-        Path(out_path).write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+        Path(out_path).write_text(result.model_dump_json(indent=2), encoding="utf-8")
     if as_json:
-        print(summary.model_dump_json(indent=2))
+        print(result.model_dump_json(indent=2))
     else:
-        _print_summary(summary)
+        _print_sweep(result) if streams is not None else _print_summary(result)  # type: ignore[arg-type]
+
+
+def _inputs(docs: Optional[str], questions: Optional[str]) -> tuple[list[dict], list[dict]]:
+    """The documents and questions files (default: the bundled sample set), read and checked."""
+    from kvrag.apps.ab import load_jsonl
+    from kvrag.data import sample_paths
+
+    default_docs, default_questions = sample_paths()
+    return (load_jsonl(docs or default_docs, ["id", "title", "text"]),
+            load_jsonl(questions or default_questions, ["id", "question", "answers"]))
+
+
+def _drawn(docs: list[dict], questions: list[dict], stream: str, n: int, s: float, seed: int) -> list[dict]:
+    from kvrag.apps.ab import skewed_stream
+
+    return skewed_stream(docs, questions, n=n, stream=stream, s=s, seed=seed)  # type: ignore[arg-type]
+
+
+def _compare(docs: list[dict], questions: list[dict], options: dict, engine: "KVEngine", k: int, max_tokens: int,
+             stock: Optional[bool], report: Optional[str], quiet: bool) -> "ABSummary":
+    """One A/B run of both arms over `questions`, with a progress bar, and its report where asked."""
+    from kvrag.apps.ab import run_ab, write_report
+
+    with progress(quiet) as bar:
+        task = bar.add_task("A/B", total=len(questions))
+        summary = run_ab(engine, docs, questions, k=k, max_new_tokens=max_tokens, stock=stock,
+                         progress=lambda done, _n: bar.update(task, completed=done), **options)
+    if report:
+        err.print(f"report: {write_report(summary, report)}")
+    return summary
 
 
 #: run_ab's arguments when no lever is on (the baseline every lever is measured against)
@@ -159,11 +174,12 @@ _NO_LEVER = {"order": "retrieval", "corpus_chain": False, "chapters": None, "war
              "admit_after": 1, "policy": "lazy"}
 
 
-def _sweep(docs: list[dict], questions: list[dict], lever: dict, count: int, stream: Optional[str], store: Optional[str],
+def _sweep(docs: list[dict], questions: list[dict], options: dict, count: int, stream: Optional[str], store: Optional[str],
            positions: bool, model: str, dtype: str, attn: str, layout: Optional[str], trust: Trust, k: int,
            max_tokens: int, stream_n: int, zipf_s: float, seed: int, quiet: bool) -> "LeverSweep":
     from kvrag.apps.ab import independent_streams, sweep_levers
 
+    lever = {key: value for key, value in options.items() if value != _NO_LEVER[key]}
     if not lever:
         raise InputError("--streams measures a lever against retrieval order: name one (--order canonical, "
                          "--order stored-first, --chapters N, --corpus-chain, --warm-chains, --blend R, --admit-after N)")
