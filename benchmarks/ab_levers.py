@@ -4,7 +4,7 @@ with 95% intervals), and how much a small model's answers depend on where its do
 
 Runs `kvrag.apps.ab.sweep_levers` on the bundled set (8 documents, 18 questions with two
 paraphrases each), each run on a fresh memory store, and prints the tables of
-docs/benchmarks/ab-policies.md ("Levers on independent streams").
+docs/benchmarks/ab-levers.md.
 
     python benchmarks/ab_levers.py                                  # smollm2-135m and gemma3-270m, 3 streams
     python benchmarks/ab_levers.py --models smollm2-135m --streams 6 --n 80 --levers canonical
@@ -85,6 +85,13 @@ def main() -> None:
     print(f"{cpu}, commit {commit}, {time.strftime('%Y-%m-%d')}; memory store, lazy policy, greedy, "
           f"at most {args.max_new_tokens} new tokens")
     results: list = []
+
+    def write(figures: dict) -> None:
+        """The results so far, rewritten after every model, so a run cut short keeps what it measured."""
+        if args.json_path:
+            with open(args.json_path, "w", encoding="utf-8") as f:
+                json.dump({"cpu": cpu, "commit": commit, "date": time.strftime("%Y-%m-%d"), **figures}, f, indent=2)
+
     for name in args.models.split(","):
         model = load_model(name)
         if args.positions_only:
@@ -93,10 +100,7 @@ def main() -> None:
             print(f"\n{name}, {measured.questions} phrasings, own document read at 1..{measured.k}: " + ", ".join(
                 f"{a.estimate:.2f} [{a.low:.2f}, {a.high:.2f}]" for a in measured.accuracy_by_position), flush=True)
             results.append(measured)
-            if args.json_path:
-                with open(args.json_path, "w", encoding="utf-8") as f:
-                    json.dump({"cpu": cpu, "commit": commit, "date": time.strftime("%Y-%m-%d"),
-                               "positions": {n: p.model_dump(mode="json") for n, p in zip(args.models.split(","), results)}}, f, indent=2)
+            write({"positions": {n: p.model_dump(mode="json") for n, p in zip(args.models.split(","), results)}})
             continue
         bars: dict[str, tqdm] = {}
 
@@ -110,10 +114,7 @@ def main() -> None:
                              max_new_tokens=args.max_new_tokens, positions=not args.no_positions, progress=progress)
         results.append(sweep)
         print(tables(sweep), flush=True)
-        if args.json_path:  # rewritten after every model, so a run cut short keeps what it measured
-            with open(args.json_path, "w", encoding="utf-8") as f:
-                json.dump({"cpu": cpu, "commit": commit, "date": time.strftime("%Y-%m-%d"),
-                           "sweeps": [s.model_dump(mode="json") for s in results]}, f, indent=2)
+        write({"sweeps": [s.model_dump(mode="json") for s in results]})
 
 
 if __name__ == "__main__":

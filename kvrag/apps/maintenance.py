@@ -86,11 +86,17 @@ def _info(tier: StateStore, key: str, signing_key: bytes | None = None) -> State
     )
 
 
+def _reader_key(store: StateStore, signing_key: bytes | str | None, namespace: str | None) -> bytes:
+    """The key states are checked with: `signing_key` (default: this user's), or the key it derives
+    for `namespace` (default: the store's)."""
+    return key_for(signing_key, store.namespace if namespace is None else namespace)[0]
+
+
 def list_states(store: StateStore, signing_key: bytes | str | None = None,
                 namespace: str | None = None) -> Iterator[StateInfo]:
     """Every state in every tier, its signature checked with `signing_key` (default: this user's),
     or with the key it derives for `namespace` (default: the store's)."""
-    key, _ = key_for(signing_key, store.namespace if namespace is None else namespace)
+    key = _reader_key(store, signing_key, namespace)
     for tier in store.tiers:
         for state in tier.keys():
             yield _info(tier, state, key)
@@ -101,7 +107,7 @@ def list_gates(store: StateStore, signing_key: bytes | str | None = None,
     """The blend gates' verdicts in `store` that are sealed with `signing_key` (default: this
     user's key; see `kvrag.trust.signing`), oldest first; others are left out. `passed` is as an
     engine with the default `BlendLimits` judges it (a verdict made under looser limits is refused)."""
-    records = SealedRecords(store, key_for(signing_key, store.namespace if namespace is None else namespace)[0])  # type: ignore[arg-type]
+    records = SealedRecords(store, _reader_key(store, signing_key, namespace))
     gates = []
     for name in records.names("gate"):
         body = records.get(name)
@@ -120,7 +126,7 @@ def inspect_state(store: StateStore, key: str, signing_key: bytes | str | None =
     with `signing_key` (default: this user's, or the key it derives for `namespace`), and whether
     its payload checks out there."""
     found: dict[str, Any] = {}
-    signer, _ = key_for(signing_key, store.namespace if namespace is None else namespace)
+    signer = _reader_key(store, signing_key, namespace)
     for tier in store.tiers:
         raw = tier.read_manifest(key)
         if raw is None:

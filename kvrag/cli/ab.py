@@ -169,17 +169,16 @@ def _compare(docs: list[dict], questions: list[dict], options: dict, engine: "KV
     return summary
 
 
-#: run_ab's arguments when no lever is on (the baseline every lever is measured against)
-_NO_LEVER = {"order": "retrieval", "corpus_chain": False, "chapters": None, "warm_chains": False, "blend": None,
-             "admit_after": 1, "policy": "lazy"}
-
-
 def _sweep(docs: list[dict], questions: list[dict], options: dict, count: int, stream: Optional[str], store: Optional[str],
            positions: bool, model: str, dtype: str, attn: str, layout: Optional[str], trust: Trust, k: int,
            max_tokens: int, stream_n: int, zipf_s: float, seed: int, quiet: bool) -> "LeverSweep":
     from kvrag.apps.ab import independent_streams, sweep_levers
+    from kvrag.core.options import RAG_DEFAULTS
 
-    lever = {key: value for key, value in options.items() if value != _NO_LEVER[key]}
+    # run_ab's arguments when no lever is on: the baseline every lever is measured against
+    no_lever = {"order": "retrieval", "corpus_chain": False, "chapters": None, "warm_chains": False, "blend": None,
+                "admit_after": RAG_DEFAULTS.admit_after, "policy": "lazy"}
+    lever = {key: value for key, value in options.items() if value != no_lever[key]}
     if not lever:
         raise InputError("--streams measures a lever against retrieval order: name one (--order canonical, "
                          "--order stored-first, --chapters N, --corpus-chain, --warm-chains, --blend R, --admit-after N)")
@@ -213,7 +212,8 @@ def _print_sweep(sweep: "LeverSweep") -> None:
                       f"{r.answers_changed} of {r.n}", "yes" if r.holds else "[red]no[/]")
     out.print(table)
     for v in sweep.verdicts:
-        verdict = "[green]holds on every stream[/]" if v.holds else "[red]costs accuracy on at least one stream[/]"
+        verdict = ("[green]holds on every stream and pooled[/]" if v.holds
+                   else "[red]costs accuracy (on a stream, or pooled over them)[/]")
         out.print(f"{v.lever}: whole context {v.whole_context.mean:.2f} ({v.whole_context.low:.2f}-"
                   f"{v.whole_context.high:.2f}) against {v.whole_context_baseline.mean:.2f}; accuracy difference "
                   f"{v.difference} over {v.rows} questions; {verdict}")

@@ -73,7 +73,8 @@ def _split_tiers(url: str) -> list[str]:
     return [p for p in pieces if p]
 
 
-_COMMON = ("namespace", "allow_unsigned", "confidential")
+#: the query parameters every tier's URL takes
+COMMON_PARAMS = ("namespace", "allow_unsigned", "confidential")
 
 
 def _open_one(url: str) -> StateStore:
@@ -99,7 +100,7 @@ def _common_params(url: str) -> tuple[str, dict[str, str]]:
         return url, {}
     kept, common = [], {}
     for name, value in parse_qsl(query, keep_blank_values=True):
-        (common.__setitem__(name, value) if name in _COMMON else kept.append((name, value)))
+        (common.__setitem__(name, value) if name in COMMON_PARAMS else kept.append((name, value)))
     namespace = common.get("namespace", "")
     if namespace and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", namespace):
         raise StoreError("namespace may hold 1 to 64 letters, digits and _ . -")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvrag.errors import StoreError
-from kvrag.stores import _COMMON, disk, memory, open_store
+from kvrag.stores import COMMON_PARAMS, disk, memory, open_store
 from kvrag.stores.redis import url as redis_url
 
 PAGE = Path(__file__).parents[2] / "docs" / "reference" / "configuration.md"
@@ -18,8 +18,8 @@ PAGE = Path(__file__).parents[2] / "docs" / "reference" / "configuration.md"
 def test_the_page_names_every_store_url_parameter_and_no_other():
     table = PAGE.read_text().split("## Store URL parameters", 1)[1]
     documented = {name for cell in re.findall(r"^\|[^|]*\| ([^|]*) \|", table, re.M) for name in re.findall(r"`(\w+)`", cell)}
-    taken = {*_COMMON, *memory.PARAMS, *disk.PARAMS, *redis_url._OUR_PARAMS, "ssl", "socket_timeout",
-             "socket_connect_timeout", *redis_url._CLUSTER_TLS}
+    taken = {*COMMON_PARAMS, *memory.PARAMS, *disk.PARAMS, *redis_url.PARAMS, "ssl", "socket_timeout",
+             "socket_connect_timeout", *redis_url.CLUSTER_TLS_PARAMS}
     assert documented - {"parameter"} == taken
 
 

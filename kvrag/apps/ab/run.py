@@ -49,7 +49,7 @@ from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
 from kvrag.reuse.memo import Provenance
 from kvrag.stores import UNTRUSTED_PARSE_ERRORS
 
-__all__ = ["run_ab", "STOCK_COMPLETION"]
+__all__ = ["run_ab", "corpus_index", "STOCK_COMPLETION"]
 
 #: the stock arm's prompt: the documents, then the question and the answer cue, as plain text
 STOCK_COMPLETION = "{documents}\n\nQuestion: {question}\nAnswer:"
@@ -102,6 +102,11 @@ def _stock_completion(engine: KVEngine, texts: list[str], question: str, max_new
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
 
 
+def corpus_index(docs: Sequence[dict[str, Any]]) -> LexicalIndex:
+    """The A/B's retriever over `docs`: kvrag's lexical index, each document tagged with its id."""
+    return LexicalIndex([IndexedDoc(str(d["text"]), {"id": str(d["id"])}) for d in docs])
+
+
 def run_ab(
     engine: KVEngine,
     docs: Sequence[dict[str, Any]],
@@ -127,7 +132,7 @@ def run_ab(
     a refused gate leaves the KV arm exact."""
     if policy not in ("lazy", "warm") or order not in ("retrieval", "stored-first", "canonical"):
         raise InputError("policy is lazy or warm; order is retrieval, stored-first or canonical")
-    index = LexicalIndex([IndexedDoc(str(d["text"]), {"id": str(d["id"])}) for d in docs])
+    index = corpus_index(docs)
     stored_before = _stored(engine)
     began = time.perf_counter()
     texts = [str(d["text"]) for d in docs]

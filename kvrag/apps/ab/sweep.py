@@ -27,12 +27,11 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from kvrag.apps.ab.results import ABSummary, contains_gold
-from kvrag.apps.ab.run import run_ab
+from kvrag.apps.ab.run import corpus_index, run_ab
 from kvrag.apps.ab.streams import ZIPF_S, Phrasings, Stream, skewed_stream
 from kvrag.core.options import GenerationOptions
 from kvrag.engine.engine import KVEngine
 from kvrag.errors import InputError
-from kvrag.reuse.lexical import IndexedDoc, LexicalIndex
 from kvrag.stores import MemoryStore
 
 __all__ = ["StreamSpec", "Interval", "Spread", "LeverOnStream", "LeverVerdict", "LeverSweep", "PositionSensitivity",
@@ -247,7 +246,7 @@ def position_sensitivity(engine: KVEngine, docs: Sequence[dict[str, Any]], quest
     if k < 2:
         raise InputError("position sensitivity needs k >= 2: one document has one position")
     by_id = {str(d["id"]): str(d["text"]) for d in docs}
-    index = LexicalIndex([IndexedDoc(str(d["text"]), {"id": str(d["id"])}) for d in docs])
+    index = corpus_index(docs)
     options = GenerationOptions(max_new_tokens=max_new_tokens)
     hits: list[list[float]] = [[] for _ in range(k)]
     names: list[str] = []

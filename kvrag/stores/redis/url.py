@@ -20,14 +20,15 @@ from kvrag.stores.redis.wire import FramePool
 
 __all__ = ["redis_store_from_url"]
 
-_OUR_PARAMS = ("ttl", "frame_mib", "prefix", "connections", "wire")
+#: kvrag's own query parameters of a Redis URL (the rest go to redis-py)
+PARAMS = ("ttl", "frame_mib", "prefix", "connections", "wire")
 
 
 def _split_our_params(url: str) -> tuple[str, dict[str, str]]:
     parts = urlsplit(url)
     ours, theirs = {}, []
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        (ours.__setitem__(name, value) if name in _OUR_PARAMS else theirs.append((name, value)))
+        (ours.__setitem__(name, value) if name in PARAMS else theirs.append((name, value)))
     return urlunsplit(parts._replace(query=urlencode(theirs))), ours
 
 
@@ -183,7 +184,8 @@ def _cluster(url: str, redis_url: str, scheme: str, wire: str) -> tuple[Callable
 
 
 #: a cluster URL's query parameters that kvrag passes to redis-py (anything else is refused)
-_CLUSTER_TLS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+#: a cluster URL's TLS parameters, besides `ssl`
+CLUSTER_TLS_PARAMS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
 
 
 def _cluster_tls(url: str) -> bool:
@@ -207,10 +209,10 @@ def _cluster_options(query: str) -> dict[str, Any]:
                 raise StoreError(f"{name} must be a number of seconds, got {shorten(value)}") from e
             if not 0 < options[name] < 3600:
                 raise StoreError(f"{name} must be between 0 and 3600 seconds")
-        elif name in _CLUSTER_TLS:
+        elif name in CLUSTER_TLS_PARAMS:
             options[name] = value.lower() in ("true", "1", "yes") if name == "ssl_check_hostname" else value
         else:
-            raise StoreError(f"redis+cluster:// does not take {shorten(name)}; it takes ssl, {', '.join(_CLUSTER_TLS)}, "
+            raise StoreError(f"redis+cluster:// does not take {shorten(name)}; it takes ssl, {', '.join(CLUSTER_TLS_PARAMS)}, "
                              "socket_timeout, socket_connect_timeout and kvrag's own (ttl, frame_mib, prefix, connections, wire)")
     return options
 
