@@ -1,6 +1,6 @@
 """Every command-line flag the README and the docs mention exists: on the `kvrag` command a line
 names, else on some `kvrag` command, benchmark or example script, or on the other tools the docs
-quote (pip, systemctl). The CLI reference itself is generated from the commands' `--help` (`docs/hooks.py`),
+quote (pip, systemctl, llama-server). The CLI reference itself is generated from the commands' `--help` (`docs/hooks.py`),
 so every flag that exists is documented there."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from kvrag.cli import app
 ROOT = Path(__file__).parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
-#: flags of tools other than kvrag's that the docs quote (pip, systemctl), and click's own
-OTHER_TOOLS = {"--help", "--no-deps", "--index-url", "--now"}
+#: flags of tools other than kvrag's that the docs quote (pip, systemctl, llama-server), and click's own
+OTHER_TOOLS = {"--help", "--no-deps", "--index-url", "--now", "--slot-save-path"}
 
 
 def command_flags() -> dict[str, set[str]]:
