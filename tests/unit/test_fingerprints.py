@@ -108,3 +108,23 @@ def test_an_upgrade_of_torch_or_transformers_changes_the_fingerprints():
     hw = hardware_fingerprint()
     assert HardwareFingerprint.model_validate({**hw.model_dump(), "torch_version": "99.0.0"}).digest != hw.digest
     assert HardwareFingerprint.model_validate({**hw.model_dump(), "cpu_capability": "DEFAULT"}).digest != hw.digest
+
+
+def test_what_a_fingerprint_holds_and_every_kernel_name_are_in_the_changelog(monkeypatch):
+    """A change to a fingerprint's fields or to a kernel's name changes every key: the changelog
+    must flag it ("Fingerprints changed"), then this pin is updated with it."""
+    from pathlib import Path
+
+    from kvrag.models import fingerprints
+
+    changelog = (Path(__file__).parents[2] / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert sorted(ModelFingerprint.model_fields) == [
+        "attn_implementation", "chat_template_sha256", "config_sha256", "dtype", "name", "rope", "tokenizer_sha256",
+        "transformers_version", "weights_sha256"]
+    assert sorted(HardwareFingerprint.model_fields) == [
+        "blas", "compute_capability", "cpu_capability", "cuda_version", "deterministic_algorithms", "device_name",
+        "device_type", "num_threads", "torch_version"]
+    for kernel in ("onednn", "stock", "onednn-capped", "onednn-amx"):
+        monkeypatch.setattr(fingerprints, "linear_kernel", lambda dtype, kernel=kernel: kernel)
+        assert f"`{fingerprints._kernel_name('invariant', torch.float32)}`" in changelog
+    assert "### Fingerprints changed" in changelog
