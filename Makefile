@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvrag-installed
 
-.PHONY: setup demo test test-unit docs verify bench peer peer-env clean
+.PHONY: setup demo test test-unit docs readme verify bench peer peer-env clean
 
 setup: $(STAMP)
 
@@ -50,6 +50,10 @@ test-unit: setup
 # The documentation site, built strictly (a broken link or reference fails it) into site/.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(CURDIR)/site
+
+# The README's install lines in a new virtualenv, then its Python blocks there (a few minutes).
+readme:
+	$(PYTHON) .ci/readme_install.py
 
 verify: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kvrag verify --model smollm2-135m --samples 50

@@ -52,6 +52,13 @@ def main() -> None:
     print(f"\nTotal: {memo_total} memo decode tokens ({forward_total} forward tokens with the fed answer token) vs "
           f"{scratch_total} from scratch: {scratch_total / max(memo_total, 1):.0f}x fewer decode tokens "
           f"({scratch_total / max(forward_total, 1):.0f}x fewer forward tokens).")
+    finished = [r for r in rows if r["scratch_finished"]]
+    if len(finished) < len(rows):
+        memo_finished = sum(r["memo_decode_tokens"] for r in finished)
+        scratch_finished = sum(r["scratch_decode_tokens"] for r in finished)
+        print(f"Without {', '.join(r['id'] for r in rows if not r['scratch_finished'])}, whose solutions from scratch were "
+              f"cut at {args.max_new_tokens} tokens: {memo_finished} memo decode tokens against {scratch_finished}, "
+              f"{scratch_finished / max(memo_finished, 1):.0f}x fewer.")
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump({"rows": rows, "memo_decode_tokens": memo_total, "scratch_decode_tokens": scratch_total,

@@ -5,7 +5,9 @@ method of a Redis store. An outage is one warning, and one line when the store a
 from __future__ import annotations
 
 import logging
+import re
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,3 +172,9 @@ def test_an_outage_is_one_warning_and_its_end_one_line(stocked, caplog):
     assert len(lines) == 2, lines
     assert "is unavailable" in lines[0] and "ConnectionError" in lines[0]
     assert lines[1].endswith("answers again: its states are grafted again")
+    # the Redis guide shows these two lines as the command line writes them
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "redis.md").read_text(encoding="utf-8")
+    shown = guide.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    def shape(line: str) -> str:  # the URL and what failed vary; the sentence does not
+        return re.sub(r"\(.*?\):", "(WHY):", re.sub(r"^\S+ ", "URL ", line), count=1)
+    assert [shape(line.removeprefix("kvrag: warning: ")) for line in shown] == [shape(line) for line in lines]
