@@ -5,7 +5,7 @@ and its shell quickstart there: what a newcomer who skips `make` meets.
 
 Runs the README's install block line by line (its `pip` is the new environment's), then every
 `pip install` the README's prose names that points at the checkout (the examples extra), then each
-Python block in its own fresh folder, then the `kvrag ask` lines. Exits non-zero at the first
+Python block in its own fresh folder, then the `kvrag ask` lines, with a new `KVRAG_HOME`. Exits non-zero at the first
 failure, printing the line that failed."""
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def main() -> None:
     args = parser.parse_args()
     where = args.keep or Path(tempfile.mkdtemp(prefix="kvrag-readme-"))
     venv = where / "venv"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    # a new user too: converted models, signing key, default store and native kernel made afresh
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "KVRAG_HOME": str(where / "home"),
+           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     env.pop("VIRTUAL_ENV", None)
     run([sys.executable, "-m", "venv", str(venv)], ROOT, env)
     python = str(venv / "bin" / "python")
