@@ -5,7 +5,8 @@ row other bits among fewer than ~12 rows than among more. Under the invariant ke
 layer (`nn.Linear`, GPT-2's `Conv1D`, the output layer) is computed by oneDNN's matrix product
 over a weight it reordered once (`torch.ops.mkldnn`, as torch's own CPU compiler does): a row
 has the same bits read alone or among many rows, at any thread count, for every width kvrag's
-models use, float32 and bfloat16 (on a CPU with AMX, bfloat16 under `ISA_CAP`; `tests/unit/test_invariant.py` tries them; its speed against
+models use, float32 and bfloat16 (on a CPU with AMX, bfloat16 under `ISA_CAP`; without AVX512-BF16,
+bfloat16 layers in float32: see `linear_kernel`; `tests/unit/test_invariant.py` tries them; its speed against
 `F.linear` is `benchmarks/linear_kernels.py`'s). oneDNN takes another path for very
 few rows (one float32 row of a wide layer; one bfloat16 row at some thread counts), so a call of
 fewer than `ROW_BLOCK` rows is fed at least the fewest rows that give each row its bits among
@@ -56,7 +57,10 @@ def linear_kernel(dtype: torch.dtype = torch.float32) -> str:
     `stock` where torch has no oneDNN or oneDNN has no product for the dtype on this CPU (bfloat16
     needs AVX512 or AVX-NE-CONVERT: on an AVX2-only CPU a bfloat16 model runs the stock product).
     For bfloat16 on a CPU with AMX: `onednn-capped` under `ISA_CAP`, or `onednn-amx` where the
-    user's `ONEDNN_MAX_CPU_ISA` lets oneDNN use AMX (then rows are not invariant: not exact)."""
+    user's `ONEDNN_MAX_CPU_ISA` lets oneDNN use AMX (then rows are not invariant: not exact). For
+    bfloat16 on a CPU without AVX512-BF16, oneDNN's emulated bfloat16 product gives a row other
+    bits at other row counts: `onednn-f32` computes those layers by oneDNN's float32 product over
+    the same values (exact in float32) and rounds each output to bfloat16."""
     if not torch.backends.mkldnn.is_available() or dtype not in _DTYPES:
         return "stock"
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
@@ -64,13 +68,20 @@ def linear_kernel(dtype: torch.dtype = torch.float32) -> str:
     if dtype == torch.bfloat16 and _cpu_has_amx():
         cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
         return "onednn-amx" if "AMX" in cap or cap in ("ALL", "DEFAULT", "") else "onednn-capped"
+    if dtype == torch.bfloat16 and not _cpu_has("avx512_bf16"):
+        return "onednn-f32"
     return "onednn"
 
 
-@lru_cache(maxsize=None)
 def _cpu_has_amx() -> bool:
+    return _cpu_has("amx_bf16")
+
+
+@lru_cache(maxsize=None)
+def _cpu_has(flag: str) -> bool:
+    """Whether the CPU lists `flag` (Linux); False where it cannot be read."""
     try:
-        return "amx_bf16" in Path("/proc/cpuinfo").read_text(errors="replace").split()
+        return flag in Path("/proc/cpuinfo").read_text(errors="replace").split()
     except OSError:
         return False
 
@@ -160,6 +171,8 @@ class _OneDnn:
         self.module, self.transposed, self.stock = module, transposed, stock
         self._made_from: tuple[Any, ...] | None = None
         self._packed: torch.Tensor | None = None
+        #: the dtype oneDNN computes in: float32 for a bfloat16 layer under `onednn-f32`
+        self._compute: torch.dtype | None = None
         #: kvrag's operator's weight and input block, made with `_packed` (None: not for this layer)
         self._native: tuple[torch.Tensor, int] | None = None
 
@@ -168,9 +181,10 @@ class _OneDnn:
         version = None if weight.is_inference() else weight._version
         made_from = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
         if self._packed is None or made_from != self._made_from:
-            rows = (weight.detach().t() if self.transposed else weight.detach()).contiguous()
+            self._compute = torch.float32 if linear_kernel(weight.dtype) == "onednn-f32" else weight.dtype
+            rows = (weight.detach().t() if self.transposed else weight.detach()).to(self._compute).contiguous()
             self._packed = torch.ops.mkldnn._reorder_linear_weight(rows, None)
-            bias = None if self.module.bias is None else self.module.bias.detach()
+            bias = self._bias()
             fewest_rows(self._packed, *rows.shape, rows.dtype, bias)  # now, at load, not in an answer's time
             block = native_block(self._packed, rows, bias)
             self._native = None
@@ -181,6 +195,10 @@ class _OneDnn:
             self._made_from = made_from
         return self._packed
 
+    def _bias(self) -> torch.Tensor | None:
+        bias = self.module.bias
+        return None if bias is None else bias.detach().to(self._compute)
+
     def __getstate__(self) -> dict[str, Any]:
         # a reordered (opaque) tensor cannot be copied or pickled: a copy reorders its own weight
         return {**self.__dict__, "_packed": None, "_made_from": None, "_native": None}
@@ -189,21 +207,21 @@ class _OneDnn:
         """`flat` ([rows, in], fewer than `ROW_BLOCK` rows) with the bits its rows have among many:
         one float32 row by kvrag's operator where it checked out, else oneDNN's product fed at least
         its `fewest_rows`; None where oneDNN does not run this layer (the caller pads)."""
-        weight, bias = self.module.weight, self.module.bias
+        weight = self.module.weight
         if flat.device.type != "cpu" or weight.dtype != flat.dtype or not linear_kernel(flat.dtype).startswith("onednn"):
             return None
         packed = self._reordered(weight)
-        bias = None if bias is None else bias.detach()
+        bias, given, flat = self._bias(), flat.dtype, flat.to(self._compute)
         rows = flat.shape[0]
         if rows <= NATIVE_ROWS and self._native is not None and flat.dtype == torch.float32:
             from kvrag.kernels.native import rows_f32
 
             kernel_weight, block = self._native
             return rows_f32(flat.contiguous(), kernel_weight, None if bias is None else bias.contiguous(),
-                            _out_features(weight, self.transposed), block)
+                            _out_features(weight, self.transposed), block).to(given)
         fewest = fewest_rows(packed, _out_features(weight, self.transposed), flat.shape[1], flat.dtype, bias)
         fed = flat if rows >= fewest else torch.nn.functional.pad(flat, (0, 0, 0, fewest - rows))
-        return torch.ops.mkldnn._linear_pointwise(fed, packed, bias, "none", [], "")[:rows]
+        return torch.ops.mkldnn._linear_pointwise(fed, packed, bias, "none", [], "")[:rows].to(given)
 
     def prepare(self) -> None:
         weight = self.module.weight
@@ -211,12 +229,12 @@ class _OneDnn:
             self._reordered(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.module.weight, self.module.bias
+        weight = self.module.weight
         if x.device.type != "cpu" or weight.dtype != x.dtype or not linear_kernel(x.dtype).startswith("onednn"):
             return self.stock(x)
         packed = self._reordered(weight)
-        flat = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise(flat, packed, None if bias is None else bias.detach(), "none", [], "")
+        flat = x.reshape(-1, x.shape[-1]).to(self._compute)
+        out = torch.ops.mkldnn._linear_pointwise(flat, packed, self._bias(), "none", [], "").to(x.dtype)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

@@ -41,13 +41,14 @@ def test_the_dtype_table_names_every_dtype_and_its_kernel_name():
     kernels = section("Data types and kernels")
     assert [d.strip("`") for d in first_column(kernels)] == list(loading._DTYPES)
     named = set(re.findall(r"`(invariant/[\w/-]+)`", PAGE))
-    assert named == {"invariant/3", "invariant/2", "invariant/3-onednn-capped", "invariant/3-onednn-amx"}
+    assert named == {"invariant/3", "invariant/2", "invariant/3-onednn-f32", "invariant/3-onednn-capped",
+                     "invariant/3-onednn-amx"}
     row = {d.strip("`"): line for line in kernels.splitlines() if line.startswith("| `") for d in [line.split("|")[1].strip()]}
     assert "invariant/2" in row["float16"] and "invariant/3" not in row["float16"]
     assert linear.linear_kernel(torch.float16) == "stock"
 
 
-@pytest.mark.parametrize("kernel", ["onednn", "stock", "onednn-capped", "onednn-amx"])
+@pytest.mark.parametrize("kernel", ["onednn", "stock", "onednn-f32", "onednn-capped", "onednn-amx"])
 def test_every_kernel_name_the_code_gives_is_on_the_page(kernel, monkeypatch):
     monkeypatch.setattr(fingerprints, "linear_kernel", lambda dtype: kernel)
     assert f"`{fingerprints._kernel_name('invariant', torch.float32)}`" in PAGE

@@ -203,8 +203,9 @@ def test_a_float32_decoding_step_runs_kvrags_operator_and_few_rows_are_not_padde
     fed: list[int] = []
     for dtype in (torch.float32, torch.bfloat16):
         layer = make_linear_invariant(torch.nn.Sequential(torch.nn.Linear(1536, 576, dtype=dtype)))[0].forward.forward
-        assert (layer._native is not None) == (dtype == torch.float32 and native.available()[0])
-        fewest = linear.fewest_rows(layer._packed, 576, 1536, dtype, None)
+        in_float32 = dtype == torch.float32 or linear.linear_kernel(dtype) == "onednn-f32"
+        assert (layer._native is not None) == (in_float32 and native.available()[0])
+        fewest = linear.fewest_rows(layer._packed, 576, 1536, torch.float32 if in_float32 else dtype, None)
         assert fewest < ROW_BLOCK // 2
         fed.append(fewest)
     if not native.available()[0]:
@@ -383,7 +384,8 @@ def test_bfloat16_below_amx_unless_the_user_lets_onednn_use_it_and_then_another_
 
     assert os.environ["ONEDNN_MAX_CPU_ISA"] == ISA_CAP  # the suite sets none of its own
     assert linear_kernel(torch.float32) == "onednn"
-    assert linear_kernel(torch.bfloat16) in (("onednn-capped",) if _cpu_has_amx() else ("onednn", "stock"))
+    expected = ("onednn-capped",) if _cpu_has_amx() else ("onednn", "onednn-f32", "stock")
+    assert linear_kernel(torch.bfloat16) in expected
     probe = ("import torch; from kvrag.kernels.linear import linear_kernel; "
              "from kvrag.models.fingerprints import _kernel_name; print(_kernel_name('invariant', torch.bfloat16))")
     names = {cap: subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
@@ -393,3 +395,32 @@ def test_bfloat16_below_amx_unless_the_user_lets_onednn_use_it_and_then_another_
         assert names == {ISA_CAP: "invariant/3-onednn-capped", "ALL": "invariant/3-onednn-amx"}
     else:
         assert names[ISA_CAP] == names["ALL"]
+
+
+@pytest.mark.parametrize("k, n", [(640, 1024), (3000, 100), (4096, 64), (576, 1536)])
+def test_a_bfloat16_layer_computed_in_float32_has_each_row_the_same_bits_and_rounds_oneDNNs_float32(k, n, monkeypatch):
+    """On a CPU without AVX512-BF16 (`onednn-f32`, whichever CPU runs this test), a bfloat16 layer is
+    oneDNN's float32 product over the same values, rounded to bfloat16: a row has the same bits
+    read alone or among many."""
+    from kvrag.kernels import linear
+    from kvrag.kernels.linear import make_linear_invariant
+
+    linear._cpu_has.cache_clear()
+    linear.linear_kernel.cache_clear()
+    monkeypatch.setattr(linear, "_cpu_has", lambda flag: False)
+    try:
+        assert linear.linear_kernel(torch.bfloat16) == "onednn-f32"
+        torch.manual_seed(k + n)
+        module = torch.nn.Linear(k, n, dtype=torch.bfloat16)
+        layer = make_linear_invariant(torch.nn.Sequential(module))
+        x = torch.randn(1, 600, k, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            whole = layer(x)
+            packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.float(), None)
+            in_float32 = torch.ops.mkldnn._linear_pointwise(x[0].float(), packed, module.bias.float(), "none", [], "")
+            assert whole.dtype == torch.bfloat16 and torch.equal(whole[0], in_float32.to(torch.bfloat16))
+            for start, rows in ((598, 1), (597, 2), (595, 3), (580, 4), (590, 5), (500, 11), (300, 16), (0, 300)):
+                assert torch.equal(layer(x[:, start : start + rows].contiguous()), whole[:, start : start + rows]), (start, rows)
+    finally:
+        monkeypatch.undo()
+        linear.linear_kernel.cache_clear()
