@@ -121,7 +121,7 @@ class ModelRunner:
     def batches_exactly(self) -> bool:
         """Whether `step_many` gives every row the bits `step` gives it alone: under the invariant
         kernel, whose linear layers' rows do not depend on the row count (oneDNN's products)."""
-        return self.model.attn == INVARIANT and linear_kernel(self.model.dtype) in ("onednn", "onednn-capped")
+        return self.model.attn == INVARIANT and linear_kernel(self.model.dtype) in ("onednn", "onednn-f32", "onednn-capped")
 
     @property
     def packs_reads(self) -> bool:
