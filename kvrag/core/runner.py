@@ -16,7 +16,7 @@ import torch
 from kvrag.codecs import GraftCache, LayerCodec, ReadyBuffers, codecs_for, new_cache
 from kvrag.core.sampling import Sampler, Sampling
 from kvrag.kernels.attention import INVARIANT, MIN_FORWARD_ROWS, PACKING, Packing
-from kvrag.kernels.linear import linear_kernel
+from kvrag.kernels.linear import rows_invariant
 from kvrag.models.loading import LoadedModel
 
 __all__ = ["ModelRunner", "logits_sha256", "DecodeStep", "PromptRead"]
@@ -120,8 +120,8 @@ class ModelRunner:
     @property
     def batches_exactly(self) -> bool:
         """Whether `step_many` gives every row the bits `step` gives it alone: under the invariant
-        kernel, whose linear layers' rows do not depend on the row count (oneDNN's products)."""
-        return self.model.attn == INVARIANT and linear_kernel(self.model.dtype) in ("onednn", "onednn-f32", "onednn-capped")
+        kernel, whose linear layers' rows do not depend on the row count (`rows_invariant`)."""
+        return self.model.attn == INVARIANT and rows_invariant(self.model.dtype)
 
     @property
     def packs_reads(self) -> bool:

@@ -16,10 +16,10 @@ operator (`kvrag.kernels.native`), which repeats oneDNN's per-element arithmetic
 checked per layer shape at load, against oneDNN's own rows).
 
 The reordered weight is a second copy of each layer's weight (made at load), made again whenever
-the weight changes through torch (its address, version counter or dtype: an in-place update,
+the weight or bias changes through torch (its address, version counter or dtype: an in-place update,
 `load_state_dict`, `.to(dtype)`; a write through `.data`, or into a weight made under
 `torch.inference_mode`, which keeps no version counter, is not seen). Off the CPU, where torch
-has no oneDNN, or where oneDNN has no product for the dtype on this CPU (bfloat16 without AVX512),
+has no oneDNN, or for float16 (for which kvrag uses no oneDNN product),
 a layer runs its own forward fed at least `ROW_BLOCK` rows (another arithmetic, named otherwise in
 the fingerprint: see `linear_kernel`).
 """
@@ -29,11 +29,12 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["ROW_BLOCK", "NATIVE_ROWS", "make_linear_invariant", "linear_kernel", "fewest_rows", "native_block", "ISA_CAP"]
+__all__ = ["ROW_BLOCK", "NATIVE_ROWS", "make_linear_invariant", "linear_kernel", "rows_invariant", "fewest_rows",
+           "native_block", "ISA_CAP"]
 
 #: oneDNN's AMX products (bfloat16, on CPUs with AMX) choose their blocking by the row count, so a
 #: row's bits change with it; below AMX its bfloat16 products keep them. oneDNN reads this cap at
@@ -54,23 +55,28 @@ _DTYPES = (torch.float32, torch.bfloat16)
 @lru_cache(maxsize=None)
 def linear_kernel(dtype: torch.dtype = torch.float32) -> str:
     """The linear arithmetic this process uses for `dtype` under the invariant kernel: `onednn`, or
-    `stock` where torch has no oneDNN or oneDNN has no product for the dtype on this CPU (bfloat16
-    needs AVX512 or AVX-NE-CONVERT: on an AVX2-only CPU a bfloat16 model runs the stock product).
-    For bfloat16 on a CPU with AMX: `onednn-capped` under `ISA_CAP`, or `onednn-amx` where the
-    user's `ONEDNN_MAX_CPU_ISA` lets oneDNN use AMX (then rows are not invariant: not exact). For
-    bfloat16 on a CPU without AVX512-BF16, oneDNN's emulated bfloat16 product gives a row other
-    bits at other row counts: `onednn-f32` computes those layers by oneDNN's float32 product over
-    the same values (exact in float32) and rounds each output to bfloat16."""
+    `stock` where torch has no oneDNN (or for float16). For bfloat16 on a CPU with AMX:
+    `onednn-capped` under `ISA_CAP`, or `onednn-amx` where the user's `ONEDNN_MAX_CPU_ISA` lets
+    oneDNN use AMX (then rows are not invariant: not exact). For bfloat16 on a CPU without
+    AVX512-BF16 (an AVX2-only CPU included), where oneDNN emulates bfloat16 or has no product for
+    it and the emulated product gives a row other bits at other row counts: `onednn-f32` computes
+    those layers by oneDNN's float32 product over the same values (exact in float32) and rounds
+    each output to bfloat16."""
     if not torch.backends.mkldnn.is_available() or dtype not in _DTYPES:
-        return "stock"
-    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return "stock"
     if dtype == torch.bfloat16 and _cpu_has_amx():
         cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
         return "onednn-amx" if "AMX" in cap or cap in ("ALL", "DEFAULT", "") else "onednn-capped"
-    if dtype == torch.bfloat16 and not _cpu_has("avx512_bf16"):
+    if dtype == torch.bfloat16 and not (_cpu_has("avx512_bf16") and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         return "onednn-f32"
     return "onednn"
+
+
+def rows_invariant(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether, under the invariant kernel, a linear layer's row in `dtype` has the same bits at any
+    row count, so rows of several generations may share a call: oneDNN's products, except its AMX
+    bfloat16 product (`onednn-amx`); torch's stock product keeps them only fed `ROW_BLOCK` rows."""
+    return linear_kernel(dtype) in ("onednn", "onednn-f32", "onednn-capped")
 
 
 def _cpu_has_amx() -> bool:
@@ -163,45 +169,54 @@ def _find_block(packed: torch.Tensor, rows_weight: torch.Tensor, bias: torch.Ten
     return None
 
 
+class _Reordered(NamedTuple):
+    """What a layer computes with, made from its weight and bias at one moment (replaced whole, so a
+    thread never reads half of an old one and half of a new one)."""
+
+    made_from: tuple[Any, ...]
+    #: the weight reordered for oneDNN ([out, in] rows)
+    packed: torch.Tensor
+    #: the dtype oneDNN computes in: float32 for a bfloat16 layer under `onednn-f32`
+    compute: torch.dtype
+    #: the bias in `compute`'s dtype
+    bias: torch.Tensor | None
+    #: kvrag's operator's weight and input block (None: not for this layer)
+    native: tuple[torch.Tensor, int] | None
+
+
 class _OneDnn:
     """A linear layer computed by oneDNN over its weight reordered once ([out, in] rows); a float32
     call of a few rows by kvrag's own operator, where it gives oneDNN's bits (`few`)."""
 
     def __init__(self, module: torch.nn.Module, *, transposed: bool, stock: Any) -> None:
         self.module, self.transposed, self.stock = module, transposed, stock
-        self._made_from: tuple[Any, ...] | None = None
-        self._packed: torch.Tensor | None = None
-        #: the dtype oneDNN computes in: float32 for a bfloat16 layer under `onednn-f32`
-        self._compute: torch.dtype | None = None
-        #: kvrag's operator's weight and input block, made with `_packed` (None: not for this layer)
-        self._native: tuple[torch.Tensor, int] | None = None
+        self._made: _Reordered | None = None
 
-    def _reordered(self, weight: torch.Tensor) -> torch.Tensor:
-        # an inference tensor (made under `torch.inference_mode`) keeps no version counter
-        version = None if weight.is_inference() else weight._version
-        made_from = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
-        if self._packed is None or made_from != self._made_from:
-            self._compute = torch.float32 if linear_kernel(weight.dtype) == "onednn-f32" else weight.dtype
-            rows = (weight.detach().t() if self.transposed else weight.detach()).to(self._compute).contiguous()
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(rows, None)
-            bias = self._bias()
-            fewest_rows(self._packed, *rows.shape, rows.dtype, bias)  # now, at load, not in an answer's time
-            block = native_block(self._packed, rows, bias)
-            self._native = None
-            if block is not None:
-                from kvrag.kernels.native import pack
+    def _reordered(self, weight: torch.Tensor) -> _Reordered:
+        made_from = (*_identity(weight), *_identity(self.module.bias))
+        made = self._made
+        if made is None or made.made_from != made_from:
+            made = self._made = self._reorder(weight, made_from)
+        return made
 
-                self._native = (pack(rows), block)
-            self._made_from = made_from
-        return self._packed
+    def _reorder(self, weight: torch.Tensor, made_from: tuple[Any, ...]) -> _Reordered:
+        compute = torch.float32 if linear_kernel(weight.dtype) == "onednn-f32" else weight.dtype
+        rows = (weight.detach().t() if self.transposed else weight.detach()).to(compute).contiguous()
+        packed = torch.ops.mkldnn._reorder_linear_weight(rows, None)
+        module_bias = self.module.bias
+        bias = None if module_bias is None else module_bias.detach().to(compute).contiguous()
+        fewest_rows(packed, *rows.shape, rows.dtype, bias)  # now, at load, not in an answer's time
+        block = native_block(packed, rows, bias)
+        native = None
+        if block is not None:
+            from kvrag.kernels.native import pack
 
-    def _bias(self) -> torch.Tensor | None:
-        bias = self.module.bias
-        return None if bias is None else bias.detach().to(self._compute)
+            native = (pack(rows), block)
+        return _Reordered(made_from, packed, compute, bias, native)
 
     def __getstate__(self) -> dict[str, Any]:
         # a reordered (opaque) tensor cannot be copied or pickled: a copy reorders its own weight
-        return {**self.__dict__, "_packed": None, "_made_from": None, "_native": None}
+        return {**self.__dict__, "_made": None}
 
     def few(self, flat: torch.Tensor) -> torch.Tensor | None:
         """`flat` ([rows, in], fewer than `ROW_BLOCK` rows) with the bits its rows have among many:
@@ -210,18 +225,17 @@ class _OneDnn:
         weight = self.module.weight
         if flat.device.type != "cpu" or weight.dtype != flat.dtype or not linear_kernel(flat.dtype).startswith("onednn"):
             return None
-        packed = self._reordered(weight)
-        bias, given, flat = self._bias(), flat.dtype, flat.to(self._compute)
-        rows = flat.shape[0]
-        if rows <= NATIVE_ROWS and self._native is not None and flat.dtype == torch.float32:
+        made = self._reordered(weight)
+        given, flat = flat.dtype, flat.to(made.compute)
+        rows, out_features = flat.shape[0], _out_features(weight, self.transposed)
+        if rows <= NATIVE_ROWS and made.native is not None and flat.dtype == torch.float32:
             from kvrag.kernels.native import rows_f32
 
-            kernel_weight, block = self._native
-            return rows_f32(flat.contiguous(), kernel_weight, None if bias is None else bias.contiguous(),
-                            _out_features(weight, self.transposed), block).to(given)
-        fewest = fewest_rows(packed, _out_features(weight, self.transposed), flat.shape[1], flat.dtype, bias)
+            kernel_weight, block = made.native
+            return rows_f32(flat.contiguous(), kernel_weight, made.bias, out_features, block).to(given)
+        fewest = fewest_rows(made.packed, out_features, flat.shape[1], flat.dtype, made.bias)
         fed = flat if rows >= fewest else torch.nn.functional.pad(flat, (0, 0, 0, fewest - rows))
-        return torch.ops.mkldnn._linear_pointwise(fed, packed, bias, "none", [], "")[:rows].to(given)
+        return torch.ops.mkldnn._linear_pointwise(fed, made.packed, made.bias, "none", [], "")[:rows].to(given)
 
     def prepare(self) -> None:
         weight = self.module.weight
@@ -232,9 +246,9 @@ class _OneDnn:
         weight = self.module.weight
         if x.device.type != "cpu" or weight.dtype != x.dtype or not linear_kernel(x.dtype).startswith("onednn"):
             return self.stock(x)
-        packed = self._reordered(weight)
-        flat = x.reshape(-1, x.shape[-1]).to(self._compute)
-        out = torch.ops.mkldnn._linear_pointwise(flat, packed, self._bias(), "none", [], "").to(x.dtype)
+        made = self._reordered(weight)
+        flat = x.reshape(-1, x.shape[-1]).to(made.compute)
+        out = torch.ops.mkldnn._linear_pointwise(flat, made.packed, made.bias, "none", [], "").to(x.dtype)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -254,6 +268,14 @@ class _AtLeastRows:
         if out is None:
             out = self.forward(torch.nn.functional.pad(flat, (0, 0, 0, ROW_BLOCK - rows)))[:rows]
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _identity(tensor: torch.Tensor | None) -> tuple[Any, ...]:
+    """What tells a parameter's values changed through torch: its address, version counter (an
+    inference tensor, made under `torch.inference_mode`, keeps none), dtype and shape."""
+    if tensor is None:
+        return (None,)
+    return tensor.data_ptr(), None if tensor.is_inference() else tensor._version, tensor.dtype, tuple(tensor.shape)
 
 
 def _out_features(weight: torch.Tensor, transposed: bool) -> int:

@@ -204,8 +204,8 @@ def test_a_float32_decoding_step_runs_kvrags_operator_and_few_rows_are_not_padde
     for dtype in (torch.float32, torch.bfloat16):
         layer = make_linear_invariant(torch.nn.Sequential(torch.nn.Linear(1536, 576, dtype=dtype)))[0].forward.forward
         in_float32 = dtype == torch.float32 or linear.linear_kernel(dtype) == "onednn-f32"
-        assert (layer._native is not None) == (in_float32 and native.available()[0])
-        fewest = linear.fewest_rows(layer._packed, 576, 1536, torch.float32 if in_float32 else dtype, None)
+        assert (layer._made.native is not None) == (in_float32 and native.available()[0])
+        fewest = linear.fewest_rows(layer._made.packed, 576, 1536, torch.float32 if in_float32 else dtype, None)
         assert fewest < ROW_BLOCK // 2
         fed.append(fewest)
     if not native.available()[0]:
@@ -226,24 +226,31 @@ def test_every_decoded_token_has_the_logits_of_one_stock_pass_over_the_text_so_f
         assert logits_sha256(logits) == logits_sha256(_one_stock_pass(model, ids)), len(ids)
 
 
-def test_an_invariant_linear_layer_follows_its_weight_when_it_changes():
-    """The reordered weight oneDNN reads is made again when the layer's weight changes in place or
-    is loaded anew, so a layer never computes with a stale copy."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_invariant_linear_layer_follows_its_weight_and_bias_when_they_change(dtype):
+    """The reordered weight (and the bias in the dtype oneDNN computes in) are made again when the
+    layer's weight or bias changes in place or is loaded anew, so a layer never computes with a
+    stale copy."""
     from kvrag.kernels.linear import make_linear_invariant
 
     torch.manual_seed(0)
-    model = make_linear_invariant(torch.nn.Sequential(torch.nn.Linear(64, 32)))
-    x = torch.randn(20, 64)
+    model = make_linear_invariant(torch.nn.Sequential(torch.nn.Linear(64, 32, dtype=dtype)))
+    x = torch.randn(20, 64, dtype=dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 5e-2
     with torch.inference_mode():
         before = model(x)
     with torch.no_grad():
         model[0].weight.mul_(2)
         model[0].bias.zero_()
     with torch.inference_mode():
-        assert torch.allclose(model(x), torch.nn.functional.linear(x, model[0].weight), atol=1e-5)
-    model.load_state_dict({"0.weight": torch.zeros(32, 64), "0.bias": torch.ones(32)})
+        assert torch.allclose(model(x), torch.nn.functional.linear(x, model[0].weight), atol=tolerance)
+    with torch.no_grad():
+        model[0].bias.fill_(3)
     with torch.inference_mode():
-        assert torch.equal(model(x), torch.ones(20, 32)) and not torch.equal(model(x), before)
+        assert torch.allclose(model(x), torch.nn.functional.linear(x, model[0].weight) + 3, atol=tolerance)
+    model.load_state_dict({"0.weight": torch.zeros(32, 64, dtype=dtype), "0.bias": torch.ones(32, dtype=dtype)})
+    with torch.inference_mode():
+        assert torch.equal(model(x), torch.ones(20, 32, dtype=dtype)) and not torch.equal(model(x), before)
 
 
 def test_an_invariant_model_can_be_copied_and_pickled_and_computes_the_same_bits():
