@@ -22,7 +22,7 @@ from kvrag.codecs.full import FullAttention
 from kvrag.codecs.ready import Lease, ReadyBuffers
 from kvrag.codecs.sliding import SlidingWindow
 from kvrag.errors import ModelError
-from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, buffer_of, key_value_buffer
+from kvrag.kernels.attention import INVARIANT, KEY_BLOCK, buffer_of, first_rows, key_value_buffer
 
 __all__ = ["LayerCodec", "FullAttention", "SlidingWindow", "CODECS", "StatePart", "GraftCache", "ReadyBuffers",
            "new_cache", "codecs_for", "extract", "install", "truncated"]
@@ -84,7 +84,7 @@ class GraftCache(DynamicCache):
         keys, values = held
         if keys.shape[-2] < end or keys.shape[:-2] != like.shape[:-2] or keys.dtype != like.dtype:
             return False
-        view_k, view_v = keys[:, :, :end], values[:, :, :end]
+        view_k, view_v = first_rows(keys, end), first_rows(values, end)
         with torch.inference_mode():  # the last question's rows after the state: zeros, as a fresh buffer's are
             keys[:, :, end:].zero_()
             values[:, :, end:].zero_()
@@ -138,7 +138,7 @@ class GraftCache(DynamicCache):
             if held and self._lease is not None:  # its first rows are the leased parts' own: kept for the next
                 self._lease.keep(layer_idx, keys, values)
         keys[:, :, held : held + added], values[:, :, held : held + added] = key_states, value_states
-        layer.keys, layer.values = keys[:, :, : held + added], values[:, :, : held + added]
+        layer.keys, layer.values = first_rows(keys, held + added), first_rows(values, held + added)
         return layer.keys, layer.values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicLayer
 from kvrag.artifacts.format import LayerEntry
 from kvrag.codecs.base import LayerCodec, entry_for, set_layer
 from kvrag.errors import ModelError
+from kvrag.kernels.attention import first_rows
 
 __all__ = ["FullAttention"]
 
@@ -49,4 +50,5 @@ class FullAttention(LayerCodec):
         )
 
     def unpad(self, layer: Any, held: tuple[torch.Tensor, torch.Tensor] | None, added: int, padding: int) -> None:
-        layer.keys, layer.values = layer.keys[:, :, :-padding, :], layer.values[:, :, :-padding, :]
+        kept = layer.keys.shape[-2] - padding
+        layer.keys, layer.values = first_rows(layer.keys, kept), first_rows(layer.values, kept)

@@ -235,26 +235,40 @@ def _key_span(visible: torch.Tensor, k_total: int) -> tuple[int, int]:
     return first // KEY_BLOCK * KEY_BLOCK, (last // KEY_BLOCK + 1) * KEY_BLOCK
 
 
-#: buffers made by `key_value_buffer`, by the address of their memory
-_BUFFERS: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+#: the attribute by which a view made by `first_rows` carries its `key_value_buffer` to the kernel
+_BUFFER = "_kvrag_key_value_buffer"
+#: the attribute that marks a `key_value_buffer` itself (not a reference to itself: no cycle)
+_WHOLE = "_kvrag_whole_buffer"
 
 
 def key_value_buffer(like: torch.Tensor, rows: int, *, written: int = 0) -> torch.Tensor:
-    """A tensor shaped like `like` ([b, h, n, d]) with `rows` positions, whose leading views this
-    kernel reads as already padded: a cache that keeps its K/V as views of such a buffer (rows past
-    a view finite: zeros, or positions read and dropped) spares the kernel a padded copy of every
-    layer. The first `written` rows are left for the caller to fill, the rest are zeros. The kernel
-    knows a buffer only while someone holds it (the cache)."""
+    """A tensor shaped like `like` ([b, h, n, d]) with `rows` positions, whose leading views
+    (`first_rows`) this kernel reads as already padded: a cache that keeps its K/V as such views
+    (rows past a view finite: zeros, or positions read and dropped) spares the kernel a padded copy
+    of every layer. The first `written` rows are left for the caller to fill, the rest are zeros."""
     buffer = like.new_empty((*like.shape[:-2], rows, like.shape[-1]))
     buffer[..., written:, :].zero_()
-    _BUFFERS[buffer.data_ptr()] = buffer
+    setattr(buffer, _WHOLE, True)
     return buffer
 
 
+def first_rows(states: torch.Tensor, count: int) -> torch.Tensor:
+    """`states`' first `count` positions ([b, h, n, d]); of a `key_value_buffer` or a view of one, a
+    view that carries the buffer to the kernel (held by the view itself: no registry, no address)."""
+    buffer = buffer_of(states)
+    if buffer is None:
+        return states[:, :, :count]
+    view = buffer[:, :, :count]
+    setattr(view, _BUFFER, buffer)
+    return view
+
+
 def buffer_of(states: torch.Tensor) -> torch.Tensor | None:
-    """The `key_value_buffer` whose leading rows `states` is (same start and strides), if any."""
-    buffer = _BUFFERS.get(states.data_ptr()) if states.dim() == 4 else None
-    if buffer is None or states.stride() != buffer.stride() or states.shape[:-2] != buffer.shape[:-2]:
+    """The `key_value_buffer` whose leading rows `states` is (made by it or `first_rows`), if any."""
+    buffer = states if getattr(states, _WHOLE, False) else getattr(states, _BUFFER, None)
+    if buffer is None or states.dim() != 4 or states.data_ptr() != buffer.data_ptr():
+        return None
+    if states.stride() != buffer.stride() or states.shape[:-2] != buffer.shape[:-2]:
         return None
     return buffer
 

@@ -404,6 +404,44 @@ def test_bfloat16_below_amx_unless_the_user_lets_onednn_use_it_and_then_another_
         assert names[ISA_CAP] == names["ALL"]
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3"])
+def test_the_kernel_reads_a_caches_key_value_buffers_as_they_lie_and_their_rows_past_the_view_are_finite(
+        family, monkeypatch):
+    """A cache's K/V are views carrying their whole-block buffer (no registry by address): the kernel
+    pads none of them by copying, after short padded reads and decoding steps, and the buffer's rows
+    past a view, which it reads masked, are finite (zeros, or a padded read's dropped rows)."""
+    from kvrag.kernels import attention
+
+    model = tiny(family, "float32", "invariant")
+    runner = ModelRunner(model)
+    found: list[tuple[int, bool]] = []
+    attend = attention._attention
+
+    def watched(module, query, key, value, *args):
+        found.append((module.layer_idx, attention.buffer_of(key) is not None and attention.buffer_of(value) is not None))
+        return attend(module, query, key, value, *args)
+
+    monkeypatch.setattr(attention, "_attention", watched)
+    cache = runner.new_cache()
+    ids = list(range(40, 140))
+    runner.forward(ids[:90], cache)
+    first = [attention.buffer_of(layer.keys) for layer in cache.layers]
+    runner.forward(ids[90:95], cache)  # padded, its dummies dropped
+    for token in ids[95:98]:
+        runner.step(token, cache)
+    full = {i for i, layer in enumerate(cache.layers) if type(layer).__name__ == "DynamicLayer"}
+    assert full and len(found) == 5 * len(cache.layers)
+    assert [i for i, kept in found if i in full and not kept] == [], "K/V read as padded copies"
+    for i, layer in enumerate(cache.layers):
+        if i not in full:
+            continue  # a sliding window's layer keeps its own tensors
+        for states in (layer.keys, layer.values):
+            buffer = attention.buffer_of(states)
+            assert buffer is not None and states.shape[-2] == 98
+            assert states is layer.values or buffer is first[i]  # one block: written in place, never copied
+            assert torch.isfinite(buffer[:, :, 98:]).all()
+
+
 @pytest.mark.parametrize("k, n", [(640, 1024), (3000, 100), (4096, 64), (576, 1536)])
 def test_a_bfloat16_layer_computed_in_float32_has_each_row_the_same_bits_and_rounds_oneDNNs_float32(k, n, monkeypatch):
     """On a CPU without AVX512-BF16 (`onednn-f32`, whichever CPU runs this test), a bfloat16 layer is
