@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 from kvrag.kernels.attention import INVARIANT
 from kvrag.kernels.linear import linear_kernel
 
-__all__ = ["Fingerprinted", "ModelFingerprint", "HardwareFingerprint", "model_fingerprint", "hardware_fingerprint"]
+__all__ = ["Fingerprinted", "ModelFingerprint", "HardwareFingerprint", "model_fingerprint", "hardware_fingerprint",
+           "kernel_name"]
 
 # Config fields that name where a model came from rather than what it computes.
 _VOLATILE_CONFIG_KEYS = {"_name_or_path", "name_or_path", "transformers_version", "_commit_hash", "architectures"}
@@ -126,13 +127,13 @@ def model_fingerprint(model: Fingerprinted) -> ModelFingerprint:
         tokenizer_sha256=_sha256_json(tokenizer_desc),
         chat_template_sha256=hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest(),
         dtype=str(model.dtype).removeprefix("torch."),
-        attn_implementation=_kernel_name(model.attn, model.dtype),
+        attn_implementation=kernel_name(model.attn, model.dtype),
         rope=_rope_settings(model),
         transformers_version=transformers.__version__,
     )
 
 
-def _kernel_name(attn: str, dtype: torch.dtype) -> str:
+def kernel_name(attn: str, dtype: torch.dtype) -> str:
     """The invariant kernel's current arithmetic (torch's flash attention on whole 512-key blocks,
     linear layers by oneDNN fed >= 16 rows): states of the earlier ones carry other bits, never found."""
     if attn != INVARIANT:

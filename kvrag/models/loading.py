@@ -29,7 +29,7 @@ from kvrag.models.tokenizing import thread_safe
 from kvrag.models.turns import Turns
 from kvrag.paths import kvrag_home
 
-__all__ = ["LoadedModel", "load_model", "EMBEDDED_MODELS", "DEFAULT_ATTN"]
+__all__ = ["LoadedModel", "load_model", "EMBEDDED_MODELS", "DEFAULT_ATTN", "DTYPES", "ATTNS"]
 
 
 
@@ -60,8 +60,10 @@ GGUF_MODELS = {
 }
 EMBEDDED_MODELS = (*GGUF_MODELS, *(f"tiny-random-{family}" for family in TINY_FAMILIES))
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_ATTNS = ("sdpa", "eager", INVARIANT)
+#: the dtypes `load_model` accepts, by name
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the attention kernels `load_model` accepts
+ATTNS = ("sdpa", "eager", INVARIANT)
 #: the attention kernel a model is loaded with unless asked otherwise: a graft equals one stock pass
 DEFAULT_ATTN = INVARIANT
 _LOADING = threading.Lock()
@@ -126,9 +128,9 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in _DTYPES:
-        raise ModelError(f"unsupported dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+    if dtype not in DTYPES:
+        raise ModelError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str | None = None) -> LoadedModel:
@@ -145,8 +147,8 @@ def load_model(name: str, *, dtype: str | torch.dtype | None = None, attn: str |
     """
     torch_dtype = _parse_dtype(dtype)
     attn = attn or DEFAULT_ATTN
-    if attn not in _ATTNS:
-        raise ModelError(f"unsupported attention implementation {attn!r}; use one of {', '.join(_ATTNS)}")
+    if attn not in ATTNS:
+        raise ModelError(f"unsupported attention implementation {attn!r}; use one of {', '.join(ATTNS)}")
     if attn == INVARIANT:
         register()  # transformers looks the kernel up by name
     if name.startswith("tiny-random-"):

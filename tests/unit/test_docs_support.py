@@ -34,12 +34,12 @@ def test_the_models_table_names_every_embedded_model_and_family():
     assert len(rows) == 4
     for row in rows:
         assert re.findall(r"`(invariant|sdpa|eager)`", row.split("|")[3]) == ["invariant", "sdpa", "eager"]
-    assert set(loading._ATTNS) == {"invariant", "sdpa", "eager"}
+    assert set(loading.ATTNS) == {"invariant", "sdpa", "eager"}
 
 
 def test_the_dtype_table_names_every_dtype_and_its_kernel_name():
     kernels = section("Data types and kernels")
-    assert [d.strip("`") for d in first_column(kernels)] == list(loading._DTYPES)
+    assert [d.strip("`") for d in first_column(kernels)] == list(loading.DTYPES)
     named = set(re.findall(r"`(invariant/[\w/-]+)`", PAGE))
     assert named == {"invariant/3", "invariant/2", "invariant/3-onednn-f32", "invariant/3-onednn-capped",
                      "invariant/3-onednn-amx"}
@@ -51,7 +51,7 @@ def test_the_dtype_table_names_every_dtype_and_its_kernel_name():
 @pytest.mark.parametrize("kernel", ["onednn", "stock", "onednn-f32", "onednn-capped", "onednn-amx"])
 def test_every_kernel_name_the_code_gives_is_on_the_page(kernel, monkeypatch):
     monkeypatch.setattr(fingerprints, "linear_kernel", lambda dtype: kernel)
-    assert f"`{fingerprints._kernel_name('invariant', torch.float32)}`" in PAGE
+    assert f"`{fingerprints.kernel_name('invariant', torch.float32)}`" in PAGE
 
 
 def test_the_versions_the_page_states_are_the_requirements():

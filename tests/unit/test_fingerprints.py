@@ -126,5 +126,5 @@ def test_what_a_fingerprint_holds_and_every_kernel_name_are_in_the_changelog(mon
         "device_type", "num_threads", "torch_version"]
     for kernel in ("onednn", "stock", "onednn-f32", "onednn-capped", "onednn-amx"):
         monkeypatch.setattr(fingerprints, "linear_kernel", lambda dtype, kernel=kernel: kernel)
-        assert f"`{fingerprints._kernel_name('invariant', torch.float32)}`" in changelog
+        assert f"`{fingerprints.kernel_name('invariant', torch.float32)}`" in changelog
     assert "### Fingerprints changed" in changelog

@@ -394,7 +394,7 @@ def test_bfloat16_below_amx_unless_the_user_lets_onednn_use_it_and_then_another_
     expected = ("onednn-capped",) if _cpu_has_amx() else ("onednn", "onednn-f32", "stock")
     assert linear_kernel(torch.bfloat16) in expected
     probe = ("import torch; from kvrag.kernels.linear import linear_kernel; "
-             "from kvrag.models.fingerprints import _kernel_name; print(_kernel_name('invariant', torch.bfloat16))")
+             "from kvrag.models.fingerprints import kernel_name; print(kernel_name('invariant', torch.bfloat16))")
     names = {cap: subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                                  env={**os.environ, "ONEDNN_MAX_CPU_ISA": cap}).stdout.split()[-1]
              for cap in (ISA_CAP, "ALL")}
