@@ -51,8 +51,11 @@ class StateUse(BaseModel):
 
 
 class Timings(BaseModel):
-    """Wall times of one answer. Under batching (`kvrag serve`) `prefill_ms` includes the wait for
-    the forward that carries the read, and `decode_ms` the steps shared with other answers."""
+    """Wall times of one answer: `ttft_ms` to the first token, `per_token_ms` for each token after
+    it (`decode_ms` over those tokens; 0 for an answer of one token), `total_ms` end to end. Under
+    batching (`kvrag serve`) `prefill_ms` includes the wait for the forward that carries the read,
+    and `decode_ms` the steps shared with other answers; a streamed answer's `decode_ms` includes
+    the time its reader took between tokens."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -61,6 +64,7 @@ class Timings(BaseModel):
     ttft_ms: float
     decode_ms: float
     total_ms: float
+    per_token_ms: float = 0.0
 
 
 class Receipt(BaseModel):

@@ -302,6 +302,7 @@ class Continuer:
                 ttft_ms=ttft_s * 1e3,
                 decode_ms=decode_s * 1e3,
                 total_ms=(time.perf_counter() - began) * 1e3,
+                per_token_ms=decode_s * 1e3 / (len(tokens) - 1) if len(tokens) > 1 else 0.0,
             ),
             first_token_logits_sha256=logits_sha256(first_logits),
             model_fingerprint=self.runner.model.fingerprint.digest,

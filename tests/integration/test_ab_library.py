@@ -50,9 +50,14 @@ def test_ab_arms_agree_and_only_verified_answers_are_memoized(tmp_path, smollm2)
     # The summary's figures are the rows' figures, and they survive a JSON round trip into the report.
     assert summary.prefill_tokens_kv == sum(r.prefill_tokens_kv for r in summary.rows)
     assert summary.ttft_ratio_median == statistics.median(r.ttft_text_ms / r.ttft_kv_ms for r in summary.rows)
+    assert summary.total_kv_ms_median == statistics.median(r.total_kv_ms for r in summary.rows)
+    decoded = [r.per_token_text_ms for r in summary.rows if r.decode_tokens_text > 1]
+    assert decoded and summary.per_token_text_ms_median == statistics.median(decoded)
+    assert all(r.ttft_kv_ms < r.total_kv_ms and r.ttft_text_ms < r.total_text_ms for r in summary.rows)
     assert ABSummary.model_validate_json(summary.model_dump_json()) == summary
     text = report.read_text()
     assert f"{summary.ttft_ratio_median:.1f}x" in text and rows["a"].kv_answer.split()[0] in text
+    assert f"{summary.per_token_kv_ms_median:.1f} ms" in text and f"{summary.total_text_ms_median:.0f} ms" in text
 
 
 def test_ab_cli_writes_json_and_report(tmp_path):

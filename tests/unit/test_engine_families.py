@@ -171,6 +171,11 @@ def test_receipt_reports_timings_and_counts(llama_engine):
     assert 1 <= receipt.decode_tokens <= 5
     t = receipt.timings
     assert 0 <= t.restore_ms <= t.ttft_ms <= t.total_ms and t.prefill_ms > 0
+    assert t.ttft_ms + t.decode_ms <= t.total_ms
+    if receipt.decode_tokens > 1:  # time per token: the steps after the first token, each
+        assert t.per_token_ms > 0 and abs(t.per_token_ms * (receipt.decode_tokens - 1) - t.decode_ms) < 1e-6 * t.decode_ms + 1e-9
+    one = llama_engine.generate(QUESTION, states=[ref], max_new_tokens=1).receipt
+    assert one.decode_tokens == 1 and one.timings.per_token_ms == 0
     assert receipt.model_fingerprint == llama_engine.fingerprint
     assert receipt.states[0].tier == "memory://"
     json.loads(receipt.model_dump_json())

@@ -15,6 +15,7 @@ def summary_rows(summary: ABSummary) -> list[tuple[str, str]]:
     names = ("accuracy_text", "accuracy_kv", "accuracy_text_retrieval_order", "answer_agreement", "logits_byte_exact_rate", "answer_agreement_monolithic",
              "monolithic_byte_exact_rate",
              "ttft_text_ms_median", "ttft_kv_ms_median", "ttft_ratio_median", "ttft_ratio_p90", "ttft_ratio_sum",
+             "per_token_text_ms_median", "per_token_kv_ms_median", "total_text_ms_median", "total_kv_ms_median",
              "prefill_tokens_text", "prefill_tokens_kv",
              "decode_tokens_text", "decode_tokens_kv", "memo_hits", "full_hit_rate", "token_reuse_rate", "bytes_stored",
              "upfront_deposit_ms", "deposit_before_ms", "deposit_after_ms", "approximate_rows", "kl_mean_approximate",
@@ -129,6 +130,8 @@ def _figures(summary: ABSummary) -> list[str]:
         f"| first-token logits byte-exact with that stock pass | {s.monolithic_byte_exact_rate:.2f} |",
         f"| median TTFT, text / KV | {s.ttft_text_ms_median:.0f} ms / {s.ttft_kv_ms_median:.0f} ms |",
         f"| median TTFT ratio | {s.ttft_ratio_median:.1f}x |",
+        f"| median time per decoded token, text / KV | {s.per_token_text_ms_median:.1f} ms / {s.per_token_kv_ms_median:.1f} ms |",
+        f"| median answer time (end to end), text / KV | {s.total_text_ms_median:.0f} ms / {s.total_kv_ms_median:.0f} ms |",
         f"| prefill tokens, text / KV | {s.prefill_tokens_text:,} / {s.prefill_tokens_kv:,} |",
         f"| decode tokens, text / KV | {s.decode_tokens_text:,} / {s.decode_tokens_kv:,} |",
         f"| memo hits | {s.memo_hits} |",
@@ -137,8 +140,9 @@ def _figures(summary: ABSummary) -> list[str]:
 
 def _row_table(summary: ABSummary) -> list[str]:
     """One line per question."""
-    lines = ["| id | question | KV answer | modes (text / KV) | TTFT text / KV | hit text / KV | levers |",
-             "|---|---|---|---|---:|---|---|"]
+    lines = ["| id | question | KV answer | modes (text / KV) | TTFT text / KV | per token text / KV | answer text / KV "
+             "| hit text / KV | levers |",
+             "|---|---|---|---|---:|---:|---:|---|---|"]
     for r in summary.rows:
         answer = r.kv_answer.replace("|", "\\|").replace("\n", " ")
         order = ("reordered, answer differs from retrieval order" if r.answer_changed_by_order
@@ -147,5 +151,6 @@ def _row_table(summary: ABSummary) -> list[str]:
             order += ("; " if order else "") + ("blended, answer differs from text" if r.answer_changed_by_blend
                                                 else "blended, same answer")
         lines.append(f"| {r.id} | {r.question} | {answer} | {r.text_mode} / {r.kv_mode} | "
-                     f"{r.ttft_text_ms:.0f} / {r.ttft_kv_ms:.0f} ms | {r.text_hit} / {r.kv_hit} | {order} |")
+                     f"{r.ttft_text_ms:.0f} / {r.ttft_kv_ms:.0f} ms | {r.per_token_text_ms:.1f} / {r.per_token_kv_ms:.1f} ms | "
+                     f"{r.total_text_ms:.0f} / {r.total_kv_ms:.0f} ms | {r.text_hit} / {r.kv_hit} | {order} |")
     return lines

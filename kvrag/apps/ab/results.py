@@ -44,6 +44,11 @@ class ABRow(BaseModel):
     kv_mode: str
     ttft_text_ms: float
     ttft_kv_ms: float
+    #: each arm's time per decoded token after the first, and its answer's time end to end
+    per_token_text_ms: float = 0.0
+    per_token_kv_ms: float = 0.0
+    total_text_ms: float = 0.0
+    total_kv_ms: float = 0.0
     prefill_tokens_text: int
     prefill_tokens_kv: int
     decode_tokens_text: int
@@ -86,6 +91,11 @@ class ABSummary(BaseModel):
     ttft_kv_ms_p90: float = 0.0
     ttft_ratio_p90: float = 0.0  # the 90th percentile of the rows' text/KV TTFT ratios
     ttft_ratio_sum: float = 0.0  # summed text TTFTs over summed KV TTFTs (what the median hides)
+    #: medians over the rows that decoded more than one token (per token) and over every row (total)
+    per_token_text_ms_median: float = 0.0
+    per_token_kv_ms_median: float = 0.0
+    total_text_ms_median: float = 0.0
+    total_kv_ms_median: float = 0.0
     prefill_tokens_text: int
     prefill_tokens_kv: int
     decode_tokens_text: int

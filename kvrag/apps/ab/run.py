@@ -225,6 +225,8 @@ def _receipt_figures(text: Generation, kv: Generation) -> dict[str, Any]:
     return dict(
         text_mode=text.receipt.mode, kv_mode=kv.receipt.mode,
         ttft_text_ms=text.receipt.timings.ttft_ms, ttft_kv_ms=kv.receipt.timings.ttft_ms,
+        per_token_text_ms=text.receipt.timings.per_token_ms, per_token_kv_ms=kv.receipt.timings.per_token_ms,
+        total_text_ms=text.receipt.timings.total_ms, total_kv_ms=kv.receipt.timings.total_ms,
         prefill_tokens_text=text.receipt.tokens_prefilled, prefill_tokens_kv=kv.receipt.tokens_prefilled,
         decode_tokens_text=text.receipt.decode_tokens, decode_tokens_kv=kv.receipt.decode_tokens,
         logits_sha256_text=text.receipt.first_token_logits_sha256, logits_sha256_kv=kv.receipt.first_token_logits_sha256,
@@ -250,6 +252,12 @@ def _stored(engine: KVEngine) -> dict[tuple[str, str], int]:
             except UNTRUSTED_PARSE_ERRORS:
                 sizes[(tier.url, key)] = len(manifest)  # an encrypted or damaged manifest: its own bytes only
     return sizes
+
+
+def _median_of_decoded(per_token_ms: Sequence[float]) -> float:
+    """The median time per decoded token over the answers that decoded after their first token (0: none)."""
+    decoded = [t for t in per_token_ms if t > 0]
+    return statistics.median(decoded) if decoded else 0.0
 
 
 def _percentile(values: Sequence[float], share: float) -> float:
@@ -281,6 +289,10 @@ def _summary(engine: KVEngine, k: int, rows: list[ABRow], policy: Policy, levers
         ttft_kv_ms_p90=_percentile([r.ttft_kv_ms for r in rows], 0.9),
         ttft_ratio_p90=_percentile(ratio, 0.9),
         ttft_ratio_sum=sum(r.ttft_text_ms for r in rows) / sum(r.ttft_kv_ms for r in rows),
+        per_token_text_ms_median=_median_of_decoded([r.per_token_text_ms for r in rows]),
+        per_token_kv_ms_median=_median_of_decoded([r.per_token_kv_ms for r in rows]),
+        total_text_ms_median=statistics.median(r.total_text_ms for r in rows),
+        total_kv_ms_median=statistics.median(r.total_kv_ms for r in rows),
         prefill_tokens_text=sum(r.prefill_tokens_text for r in rows),
         prefill_tokens_kv=prefilled,
         decode_tokens_text=sum(r.decode_tokens_text for r in rows),
