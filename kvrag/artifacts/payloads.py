@@ -19,7 +19,7 @@ import hmac
 import secrets
 import struct
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 from cryptography.exceptions import InvalidTag
@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from kvrag.artifacts.digests import CHUNK_BYTES, CheckedBuffer, ChunkOpener, PayloadChunking, hash_pool
 from kvrag.artifacts.format import AEAD_TAG_BYTES, PayloadSeal, StateManifest
 
-__all__ = ["KeyedTags", "AeadChunks", "seal_payload", "chunking_of", "derive"]
+__all__ = ["KeyedTags", "AeadChunks", "Sealed", "seal_payload", "chunking_of", "derive"]
 
 _TAGGED = "blake3-keyed/1"
 _SEALED = "aes-256-gcm/1"
@@ -141,7 +141,20 @@ def seal_payload(plain: Any, signing_key: bytes, state_key: str, chunk_bytes: in
     return stored, PayloadSeal(scheme=_SEALED, nonce=nonce.hex(), plain_bytes=len(view), plain_chunk_bytes=plain_chunk)
 
 
-def chunking_of(manifest: StateManifest, signing_key: bytes) -> PayloadChunking:
+class Sealed(Protocol):
+    """A signed manifest of a sealed payload: a state's, or a paged engine's block's."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def payload_seal(self) -> PayloadSeal | None: ...
+    @property
+    def chunking(self) -> PayloadChunking: ...
+    @property
+    def plain_bytes(self) -> int: ...
+
+
+def chunking_of(manifest: StateManifest | Sealed, signing_key: bytes) -> PayloadChunking:
     """How a reader holding `signing_key` checks the manifest's payload: by its keyed tags, by its
     AEAD, or (a manifest that names neither) by its chunks' SHA-256 digests."""
     seal = manifest.payload_seal

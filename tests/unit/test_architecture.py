@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kvrag.codecs",),
     ("kvrag.stores",),
     ("kvrag.trust",),
+    ("kvrag.paged",),
     ("kvrag.core",),
     ("kvrag.reuse",),
     ("kvrag.engine",),
