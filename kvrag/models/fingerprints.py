@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import re
+import tempfile
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
+from kvrag.errors import ModelError
 from kvrag.kernels.attention import INVARIANT
 from kvrag.kernels.linear import linear_kernel
+from kvrag.paths import kvrag_home
 
-__all__ = ["Fingerprinted", "ModelFingerprint", "HardwareFingerprint", "model_fingerprint", "hardware_fingerprint",
+__all__ = ["folder_weights_sha256", "Fingerprinted", "ModelFingerprint", "HardwareFingerprint", "model_fingerprint", "hardware_fingerprint",
            "kernel_name"]
 
 # Config fields that name where a model came from rather than what it computes.
@@ -189,3 +194,39 @@ def hardware_fingerprint(device: torch.device | str = "cpu", *, threads_matter: 
         num_threads=torch.get_num_threads() if threads_matter else None,
         deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
     )
+
+
+def folder_weights_sha256(folder: Path) -> str:
+    """SHA-256 over a model folder's weight files, cached by (path, size, mtime) so loads stay fast."""
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        raise ModelError(f"no weight files (*.safetensors or *.bin) in {folder}")
+    cache_path = kvrag_home() / "weight-digests.json"
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    digest = hashlib.sha256()
+    changed = False
+    for path in files:
+        stat = path.stat()
+        cache_key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        if cache_key not in cache:
+            file_digest = hashlib.sha256()
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    file_digest.update(block)
+            cache[cache_key] = file_digest.hexdigest()
+            changed = True
+        digest.update(path.name.encode())
+        digest.update(bytes.fromhex(cache[cache_key]))
+    if changed:
+        _atomic_write_text(cache_path, json.dumps(cache, indent=1, sort_keys=True))
+    return digest.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import json
-import os
 import shutil
 import tempfile
 import threading
@@ -23,7 +21,7 @@ import torch
 
 from kvrag.errors import ModelError
 from kvrag.kernels.attention import INVARIANT, register
-from kvrag.models.fingerprints import ModelFingerprint, model_fingerprint
+from kvrag.models.fingerprints import ModelFingerprint, folder_weights_sha256, model_fingerprint
 from kvrag.models.tiny import TINY_FAMILIES, build_byte_tokenizer, build_tiny_model
 from kvrag.models.tokenizing import thread_safe
 from kvrag.models.turns import Turns
@@ -183,7 +181,7 @@ def _load_pretrained(name: str, folder: Path | None, dtype: torch.dtype, attn: s
         ) from e
     hf_model.eval().requires_grad_(False)
     _invariant_linears(hf_model, attn)
-    weights = _folder_weights_sha256(folder) if folder else _state_dict_sha256(hf_model)
+    weights = folder_weights_sha256(folder) if folder else _state_dict_sha256(hf_model)
     return LoadedModel(name, hf_model, tokenizer, dtype, attn, weights)
 
 
@@ -209,42 +207,6 @@ def _state_dict_sha256(model: Any) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-def _folder_weights_sha256(folder: Path) -> str:
-    """SHA-256 over the folder's weight files, cached by (path, size, mtime) so loads stay fast."""
-    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
-    if not files:
-        raise ModelError(f"no weight files (*.safetensors or *.bin) in {folder}")
-    cache_path = kvrag_home() / "weight-digests.json"
-    try:
-        cache = json.loads(cache_path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    digest = hashlib.sha256()
-    changed = False
-    for path in files:
-        stat = path.stat()
-        cache_key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-        if cache_key not in cache:
-            file_digest = hashlib.sha256()
-            with path.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 24), b""):
-                    file_digest.update(block)
-            cache[cache_key] = file_digest.hexdigest()
-            changed = True
-        digest.update(path.name.encode())
-        digest.update(bytes.fromhex(cache[cache_key]))
-    if changed:
-        _atomic_write_text(cache_path, json.dumps(cache, indent=1, sort_keys=True))
-    return digest.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def embedded_folder(model: EmbeddedModel) -> Path:

@@ -58,6 +58,11 @@ class BlockLayer(BaseModel):
     dtype: str = Field(max_length=16)
     shape: list[int] = Field(max_length=MAX_TENSOR_DIMS)
 
+    @classmethod
+    def of(cls, name: str, tensor: torch.Tensor) -> "BlockLayer":
+        """The layer entry of `tensor` (one block's K/V of one layer)."""
+        return cls(name=name, dtype=_DTYPE_NAMES[tensor.dtype], shape=list(tensor.shape))
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
@@ -130,7 +135,7 @@ def block_payload(tensors: Sequence[torch.Tensor]) -> tuple[bytearray, list[Bloc
     layers, parts = [], []
     for index, tensor in enumerate(tensors):
         tensor = tensor.detach().contiguous().cpu()
-        layers.append(BlockLayer(name=str(index), dtype=_DTYPE_NAMES[tensor.dtype], shape=list(tensor.shape)))
+        layers.append(BlockLayer.of(str(index), tensor))
         parts.append(tensor.reshape(-1).view(torch.uint8))
     flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
     return bytearray(flat.numpy()), layers
