@@ -4,8 +4,8 @@ address is derived from (`identity`)."""
 
 from kvrag.trust.identity import EngineIdentity, key_scope
 from kvrag.trust.records import SealedRecords
-from kvrag.trust.signing import KEY_ENV, resolve_signing_key
-from kvrag.trust.tenants import derive_tenant_key, effective_key, key_for, tenant_of
+from kvrag.trust.signing import KEY_ENV, read_key_file, resolve_signing_key
+from kvrag.trust.tenants import check_namespace, derive_tenant_key, effective_key, key_for, tenant_of
 
-__all__ = ["EngineIdentity", "key_scope", "SealedRecords", "KEY_ENV", "resolve_signing_key", "derive_tenant_key",
+__all__ = ["EngineIdentity", "key_scope", "SealedRecords", "KEY_ENV", "read_key_file", "resolve_signing_key", "check_namespace", "derive_tenant_key",
            "effective_key", "key_for", "tenant_of"]

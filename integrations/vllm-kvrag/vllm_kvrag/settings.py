@@ -16,11 +16,10 @@ from typing import Any
 
 import torch
 
-from kvrag.models.fingerprints import folder_weights_sha256, hardware_fingerprint
+from kvrag.models import folder_weights_sha256, hardware_fingerprint
 from kvrag.paged import BlockEngine
 from kvrag.stores import DEFAULT_DEADLINE_S, StateStore, default_store_url, open_store
-from kvrag.trust.signing import read_key_file
-from kvrag.trust.tenants import check_namespace
+from kvrag.trust import check_namespace, read_key_file
 
 __all__ = ["ConnectorSettings", "block_engine", "namespace_of", "shared_store"]
 
