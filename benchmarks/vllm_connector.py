@@ -11,9 +11,9 @@ of one call producing one token:
 - vLLM cold: no connector, nothing cached;
 - vLLM warm: the same prompt again (vLLM's own prefix cache holds its full blocks);
 - connector hit from memory, disk or Redis: the same prompt after `reset_prefix_cache()`, its
-  full blocks loaded from that kvrag store through kvrag's checks (the memory store runs with
-  vLLM's in-process executor, where the scheduler and the worker share it), beside that
-  process's own warm hit.
+  full blocks loaded from that kvrag store through kvrag's checks, beside that process's own warm
+  hit (the memory store's arm runs vLLM's worker in-process, `distributed_executor_backend="uni"`
+  and `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the only way its scheduler and worker share the store).
 
 Equality (`--dtypes`): over held-out prompts (each sample document with a question; 16 greedy
 tokens, the first token's top-20 logprobs), (a) cold, (b) warm in vLLM's prefix cache, (c) after a
@@ -91,7 +91,10 @@ def run(tmp: Path, spec: dict) -> dict:
     (from the connector's log lines, which follow the step's marker)."""
     spec_path, out_path = tmp / "spec.json", tmp / "out.json"
     spec_path.write_text(json.dumps(spec))
-    done = subprocess.run([sys.executable, __file__, "--worker", str(spec_path), str(out_path)], env={**os.environ, **VLLM_ENV},
+    # the memory store's arm keeps vLLM's worker in this process (the store is shared only there)
+    in_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if spec.get("uni") else {}
+    done = subprocess.run([sys.executable, __file__, "--worker", str(spec_path), str(out_path)],
+                          env={**os.environ, **VLLM_ENV, **in_process},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode:
         raise SystemExit(f"vLLM run failed:\n{done.stdout[-3000:]}")

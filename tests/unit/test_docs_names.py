@@ -30,6 +30,8 @@ OTHER_LIBRARIES = {
     "SyncCacheTestSuite": "langchain_tests", "AutoModelForCausalLM": "transformers", "AuthenticationError": "openai",
     "BM25Retriever": "langchain_community", "AIMessage": "langchain_core", "LLMChatEndEvent": "llama_index",
     "Conv1D": "transformers",
+    # the vLLM connector's distribution, importable only in vLLM's environment (`make vllm-env`)
+    "KVRagConnector": "vllm_kvrag", "ConnectorSettings": "vllm_kvrag",
 }
 #: dotted kvrag words that are not Python: the server's request fields and the stored format's name
 NOT_PYTHON = {"kvrag.documents", "kvrag.admit_after", "kvrag.state"}

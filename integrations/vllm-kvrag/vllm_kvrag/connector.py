@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,6 +93,10 @@ class KVRagConnector(KVConnectorBase_V1):
             raise ValueError("kvrag connector: models with one KV cache group only (no sliding-window or "
                              "hybrid layers)")
         self.settings = ConnectorSettings.from_extra_config(dict(transfer.kv_connector_extra_config or {}))
+        if "memory://" in self.settings.store and parallel.distributed_executor_backend != "uni":
+            raise ValueError("kvrag connector: a memory:// store lives in one process, and vLLM's worker runs in a "
+                             "process of its own; use disk:// or Redis, or run the worker in-process "
+                             "(distributed_executor_backend='uni'; on CPU also VLLM_ENABLE_V1_MULTIPROCESSING=0)")
         self.block_size = vllm_config.cache_config.block_size
         self.engine = block_engine(vllm_config)
         self._store = shared_store(self.settings.store)
@@ -194,22 +200,33 @@ class KVRagConnector(KVConnectorBase_V1):
             self._load(transfer)
 
     def _load(self, transfer: _Transfer) -> None:
+        """Each block read and checked on the loading threads, up to `_AHEAD` ahead of the one being
+        copied into the paged cache; the first that fails ends the load (it and the rest are load
+        errors, computed by vLLM)."""
         blocks = self.blocks_of(transfer.namespace)
         tiers: Counter[str] = Counter()
-        for index, (block_id, block) in enumerate(transfer.blocks):
-            try:
-                loaded = blocks.load(block, self._layers)
-            except (StateError, KVRagError) as e:
-                reason = getattr(e, "reason", "integrity")
-                self.refused[reason] += 1
-                self._failed.update(bid for bid, _ in transfer.blocks[index:])
-                log.warning("kvrag: request %s: loaded %d of %d blocks (%s); block %s refused (%s): %s; vLLM computes "
-                            "the rest", transfer.request_id, index, len(transfer.blocks), _tiers(tiers), block.key[:12],
-                            reason, e)
-                return
-            for view, tensor in zip(self._views(block_id), loaded.tensors):
-                view.copy_(tensor)
-            tiers[loaded.tier] += 1
+        pending: deque[Future] = deque()
+        ahead = iter(transfer.blocks)
+        try:
+            for index, (block_id, block) in enumerate(transfer.blocks):
+                while len(pending) < _AHEAD and (nxt := next(ahead, None)) is not None:
+                    pending.append(_loaders().submit(blocks.load, nxt[1], self._layers))
+                try:
+                    loaded = pending.popleft().result()
+                except (StateError, KVRagError) as e:
+                    reason = getattr(e, "reason", "integrity")
+                    self.refused[reason] += 1
+                    self._failed.update(bid for bid, _ in transfer.blocks[index:])
+                    log.warning("kvrag: request %s: loaded %d of %d blocks (%s); block %s refused (%s): %s; vLLM "
+                                "computes the rest", transfer.request_id, index, len(transfer.blocks), _tiers(tiers),
+                                block.key[:12], reason, e)
+                    return
+                for view, tensor in zip(self._views(block_id), loaded.tensors):
+                    view.copy_(tensor)
+                tiers[loaded.tier] += 1
+        finally:
+            for future in pending:
+                future.cancel()
         log.info("kvrag: request %s: loaded %d blocks (%s)", transfer.request_id, len(transfer.blocks), _tiers(tiers))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -242,6 +259,15 @@ class KVRagConnector(KVConnectorBase_V1):
             if stats.saved or stats.loaded or stats.refused:
                     log.info("kvrag: namespace %r: saved %d blocks, loaded %s, refused %s", namespace, stats.saved,
                          dict(stats.loaded), dict(stats.refused))
+
+
+#: blocks read and checked ahead of the one being copied: the store's reads overlap the copies
+_AHEAD = 2
+
+
+@lru_cache(maxsize=1)
+def _loaders() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="kvrag-load")
 
 
 def _tiers(tiers: Counter[str]) -> str:
