@@ -5,7 +5,9 @@ project's interpreter (forked from one that has imported torch, transformers and
 nothing else: `warm_python.py`), shell blocks line by line. A throwaway Redis stands in for the one at
 127.0.0.1:6379, and a free port for a server's 8000. Three kinds of shell line are checked rather
 than run: `make <target>` (the target exists; `make test` is what runs this), `pip install ...` (the
-local paths exist; this environment already has them), and nothing else. A line ending in `&` runs
+local paths exist; this environment already has them), and vLLM's server with the kvrag connector
+(it runs in vLLM's environment, where `integrations/vllm-kvrag`'s tests start it: here its
+connector, module and settings keys exist). A line ending in `&` runs
 in the background until the page ends; a `kvrag serve` there is waited for until it is healthy.
 `text` blocks are program output, not code. Every other page's blocks are checked too: only
 commands of scripts and subcommands that exist.
@@ -37,8 +39,18 @@ MAKE_TARGETS = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text
 RAN: list[str] = []
 
 
+SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::(\d+):(\d+))?"$', re.M)
+
+
+def _snippet(found: re.Match) -> str:
+    """A `--8<-- "path:first:last"` line as mkdocs renders it: those lines of that file."""
+    lines = (ROOT / found[1]).read_text().splitlines()
+    first, last = (int(found[2]), int(found[3])) if found[2] else (1, len(lines))
+    return "\n".join(lines[first - 1 : last])
+
+
 def blocks(page: Path) -> list[tuple[str, str]]:
-    return [(lang, code) for lang, code in FENCE.findall(page.read_text())]
+    return [(lang, SNIPPET.sub(_snippet, code)) for lang, code in FENCE.findall(page.read_text())]
 
 
 def _lines(code: str) -> list[str]:
@@ -137,6 +149,9 @@ def _run_line(line: str, where: str, cwd: Path, env: dict, background: list, por
     if words[0] == "make":
         assert words[1] in MAKE_TARGETS, f"{where}: no make target {words[1]}"
         return
+    if words[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]:
+        _check_vllm_server(words, where)
+        return
     if words[:2] == ["pip", "install"]:
         for word in words[2:]:
             if word.startswith((".", "/")):
@@ -151,6 +166,18 @@ def _run_line(line: str, where: str, cwd: Path, env: dict, background: list, por
         return
     done = subprocess.run(line, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{where}: `{line}` failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+def _check_vllm_server(words: list[str], where: str) -> None:
+    """vLLM's server line names the kvrag connector as it is: its module and class, its settings' keys."""
+    config = json.loads(words[words.index("--kv-transfer-config") + 1])
+    module = ROOT / "integrations" / "vllm-kvrag" / Path(*config["kv_connector_module_path"].split(".")).with_suffix(".py")
+    assert module.exists() and f"class {config['kv_connector']}(" in module.read_text(), f"{where}: no such connector"
+    assert config["kv_load_failure_policy"] == "recompute", f"{where}: the connector needs recompute"
+    settings = (ROOT / "integrations" / "vllm-kvrag" / "vllm_kvrag" / "settings.py").read_text()
+    keys = re.search(r"KEYS = \(([^)]*)\)", settings).group(1)
+    unknown = set(config["kv_connector_extra_config"]) - set(re.findall(r'"(\w+)"', keys))
+    assert not unknown, f"{where}: the connector has no settings {sorted(unknown)}"
 
 
 @pytest.mark.parametrize("page", CHECKED, ids=lambda p: str(p.relative_to(ROOT)))

@@ -46,12 +46,14 @@ class ConnectorSettings:
     namespace: str = ""
     deadline_s: float = DEFAULT_DEADLINE_S
 
+    #: the keys `kv_connector_extra_config` may hold
+    KEYS = ("store", "signing_key_file", "namespace", "deadline_s")
+
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any]) -> "ConnectorSettings":
-        known = {"store", "signing_key_file", "namespace", "deadline_s"}
-        unknown = sorted(set(extra) - known)
+        unknown = sorted(set(extra) - set(cls.KEYS))
         if unknown:
-            raise ValueError(f"kvrag connector: unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
+            raise ValueError(f"kvrag connector: unknown kv_connector_extra_config keys {unknown}; known: {sorted(cls.KEYS)}")
         key_file = extra.get("signing_key_file")
         return cls(
             store=str(extra.get("store") or default_store_url()),
