@@ -120,12 +120,14 @@ class BlockStore:
             parent = key
         return blocks
 
-    def _deadline(self) -> Deadline | None:
+    def deadline(self) -> Deadline | None:
+        """A budget of `deadline_s` for the store reads of one request (None: unbounded)."""
         return None if self.deadline_s is None else Deadline(self.deadline_s)
 
-    def held(self, blocks: Sequence[Block]) -> int:
-        """How many of `blocks`, from the first, the store holds whole (nothing is checked yet)."""
-        deadline = self._deadline()
+    def held(self, blocks: Sequence[Block], deadline: Deadline | None = None) -> int:
+        """How many of `blocks`, from the first, the store holds whole (nothing is checked yet),
+        within `deadline` (a new one of `deadline_s` if None)."""
+        deadline = deadline or self.deadline()
         for count, block in enumerate(blocks):
             if not self.store.holds(block.key, deadline):
                 return count
@@ -145,11 +147,13 @@ class BlockStore:
         with self._lock:
             self.stats.saved += 1
 
-    def load(self, block: Block, layers: Sequence[BlockLayer] | None = None) -> LoadedBlock:
+    def load(self, block: Block, layers: Sequence[BlockLayer] | None = None, deadline: Deadline | None = None) -> LoadedBlock:
         """The block's checked tensors, or the `StateError` that says why not (counted by reason).
-        `layers`: the layout the caller's cache needs; a block of another layout is foreign."""
+        `layers`: the layout the caller's cache needs; a block of another layout is foreign.
+        `deadline`: shared by the reads of one request (a new one of `deadline_s` if None)."""
         try:
-            found = self.store.fetch(block.key, _Acceptance(self._key, self.engine, block, layers), self._deadline())
+            found = self.store.fetch(block.key, _Acceptance(self._key, self.engine, block, layers),
+                                     deadline or self.deadline())
         except StateError as e:
             with self._lock:
                 self.stats.refused[e.reason] += 1

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvrag.errors import ForeignStateError, IntegrityError, SignatureError, StateNotFoundError
+from kvrag.errors import ForeignStateError, IntegrityError, SignatureError, StateError, StateNotFoundError
 from kvrag.paged import BlockEngine, BlockStore
 from kvrag.paged.blocks import parse_block_manifest
 from kvrag.stores import open_store
@@ -170,3 +170,17 @@ def test_a_manifest_claiming_more_than_its_payload_is_refused_before_allocation(
     manifest["layers"][0]["shape"] = [1 << 20, 1 << 20]
     with pytest.raises(IntegrityError, match="malformed"):
         parse_block_manifest(json.dumps(manifest).encode())
+
+
+def test_a_spent_deadline_refuses_the_read_as_unavailable(store):
+    from kvrag.stores import Deadline
+
+    blocks = BlockStore(store, ENGINE, KEY, deadline_s=30)
+    block = blocks.chain(list(range(4)), 4)[0]
+    blocks.save(block, _tensors(0))
+    spent = Deadline(0)
+    with pytest.raises(StateError) as refused:
+        blocks.load(block, deadline=spent)
+    assert refused.value.reason == "unavailable" and blocks.stats.refused == {"unavailable": 1}
+    assert blocks.held([block], spent) == 0
+    assert blocks.load(block).tensors  # a request of its own has its own budget

@@ -204,13 +204,14 @@ class KVRagConnector(KVConnectorBase_V1):
         copied into the paged cache; the first that fails ends the load (it and the rest are load
         errors, computed by vLLM)."""
         blocks = self.blocks_of(transfer.namespace)
+        deadline = blocks.deadline()
         tiers: Counter[str] = Counter()
         pending: deque[Future] = deque()
         ahead = iter(transfer.blocks)
         try:
             for index, (block_id, block) in enumerate(transfer.blocks):
                 while len(pending) < _AHEAD and (nxt := next(ahead, None)) is not None:
-                    pending.append(_loaders().submit(blocks.load, nxt[1], self._layers))
+                    pending.append(_loaders().submit(blocks.load, nxt[1], self._layers, deadline))
                 try:
                     loaded = pending.popleft().result()
                 except (StateError, KVRagError) as e:

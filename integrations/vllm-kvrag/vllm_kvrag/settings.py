@@ -37,8 +37,8 @@ class ConnectorSettings:
       (`KVRAG_SIGNING_KEY`, `KVRAG_SIGNING_KEY_FILE`, the user's key file).
     - `namespace`: the tenant every request of this server belongs to (a request's `cache_salt`
       selects a tenant within it).
-    - `deadline_s`: how long one request's store checks and reads may take before its blocks are
-      computed instead.
+    - `deadline_s`: how long a request's store lookups at scheduling may take, and then its block
+      reads: a block not read in time is computed instead.
     """
 
     store: str
