@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 __all__ = ["KVRagConnector", "KVRagMetadata"]
@@ -109,6 +110,8 @@ class KVRagConnector(KVConnectorBase_V1):
         self._block_dims: list[int] = []
         self._layers: list[BlockLayer] | None = None
         self._failed: set[int] = set()
+        # requests whose load failed this step: what the forward computed after it read a bad block
+        self._failed_requests: set[str] = set()
         self.refused: Counter[str] = Counter()
 
     def blocks_of(self, namespace: str) -> BlockStore:
@@ -171,6 +174,17 @@ class KVRagConnector(KVConnectorBase_V1):
                 (plan.block_ids[i], plan.chain[i]) for i in range(plan.saved_to, done)]))
             plan.saved_to = done
 
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        """Blocks that failed to load are computed again by vLLM: save them (and what follows) once
+        they are, over the stored copies that failed."""
+        invalid = connector_output.invalid_block_ids
+        if not invalid:
+            return
+        for plan in self._plans.values():
+            failed = [i for i, block_id in enumerate(plan.block_ids) if block_id in invalid]
+            if failed:
+                plan.saved_to = min(plan.saved_to, failed[0])
+
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._plans.pop(request.request_id, None)
         return False, None
@@ -218,6 +232,7 @@ class KVRagConnector(KVConnectorBase_V1):
                     reason = getattr(e, "reason", "integrity")
                     self.refused[reason] += 1
                     self._failed.update(bid for bid, _ in transfer.blocks[index:])
+                    self._failed_requests.add(transfer.request_id)
                     log.warning("kvrag: request %s: loaded %d of %d blocks (%s); block %s refused (%s): %s; vLLM "
                                 "computes the rest", transfer.request_id, index, len(transfer.blocks), _tiers(tiers),
                                 block.key[:12], reason, e)
@@ -240,7 +255,10 @@ class KVRagConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVRagMetadata)
+        failed, self._failed_requests = self._failed_requests, set()
         for transfer in meta.saves:
+            if transfer.request_id in failed:  # computed after a block that failed to load: never stored
+                continue
             blocks = self.blocks_of(transfer.namespace)
             try:
                 for block_id, block in transfer.blocks:
