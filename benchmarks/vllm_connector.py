@@ -15,9 +15,10 @@ of one call producing one token:
   hit (the memory store's arm runs vLLM's worker in-process, `distributed_executor_backend="uni"`
   and `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the only way its scheduler and worker share the store).
 
-Equality (`--dtypes`): over held-out prompts (each sample document with a question; 16 greedy
-tokens, the first token's top-20 logprobs), (a) cold, (b) warm in vLLM's prefix cache, (c) after a
-restart, loaded from a kvrag disk store: how often (b) and (c) equal (a), and (c) equals (b).
+Equality (`--dtypes`): over held-out prompts (the sample documents, alone, in pairs and in runs of
+four to eight, with a question; 16 greedy tokens, the first token's top-20 logprobs), (a) cold, (b)
+warm in vLLM's prefix cache, (c) after a restart, loaded from a kvrag disk store: how often (b) and
+(c) equal (a), and (c) equals (b).
 
     .venv-peer/bin/python benchmarks/vllm_connector.py --json benchmarks/results/vllm_connector.json
 """
@@ -215,15 +216,17 @@ def _answer(llm, prompt: str) -> dict:
 
 
 def held_out_prompts() -> list[str]:
+    """Each sample document alone and with the next (about 200-500 tokens), then runs of four to all
+    eight documents from each one (about 1,000-2,300 tokens), each with a question."""
     from kvrag.data import sample_docs
 
     docs = sample_docs()
     prompts = []
-    for i, doc in enumerate(docs):
-        for j in range(2):
-            pair = [doc, docs[(i + 1 + j) % len(docs)]] if j else [doc]
-            question = QUESTIONS[(i + j) % len(QUESTIONS)]
-            prompts.append("\n\n".join(d.text for d in pair) + f"\n\nQuestion: {question}\nAnswer:")
+    for i in range(len(docs)):
+        for count in (1, 2, 4 + i % 5):
+            run = [docs[(i + k) % len(docs)] for k in range(count)]
+            question = QUESTIONS[(i + count) % len(QUESTIONS)]
+            prompts.append("\n\n".join(d.text for d in run) + f"\n\nQuestion: {question}\nAnswer:")
     return prompts
 
 
@@ -256,20 +259,24 @@ def print_ttft(report: dict) -> None:
 
 
 def print_equality(report: dict) -> None:
-    print("\n| dtype | prompts | warm = cold (logprobs, text) | hit = cold (logprobs, text) "
-          "| hit = warm (logprobs, text) | blocks loaded |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| dtype | prompt tokens | prompts | warm = cold (logprobs, text) | hit = cold (logprobs, text) "
+          "| hit = warm (logprobs, text) | blocks loaded | largest logprob difference, hit vs cold |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for table in report["equality"]:
-        rows = table["rows"]
-        n = len(rows)
+        for low, high in ((0, 1000), (1000, 1 << 20)):
+            rows = [r for r in table["rows"] if low <= r["prompt_tokens"] < high]
+            if not rows:
+                continue
+            n = len(rows)
 
-        def count(key: str) -> int:
-            return sum(1 for r in rows if r[key])
+            def count(key: str) -> str:
+                return f"{sum(1 for r in rows if r[key])}/{n}"
 
-        print(f"| {table['dtype']} | {n} | {count('warm_logprobs')}/{n}, {count('warm_text')}/{n} "
-              f"| {count('hit_logprobs')}/{n}, {count('hit_text')}/{n} "
-              f"| {count('hit_vs_warm_logprobs')}/{n}, {count('hit_vs_warm_text')}/{n} "
-              f"| {sum(r['loaded_blocks'] or 0 for r in rows)} |")
+            sizes = f"{min(r['prompt_tokens'] for r in rows):,}-{max(r['prompt_tokens'] for r in rows):,}"
+            print(f"| {table['dtype']} | {sizes} | {n} | {count('warm_logprobs')}, {count('warm_text')} "
+                  f"| {count('hit_logprobs')}, {count('hit_text')} | {count('hit_vs_warm_logprobs')}, "
+                  f"{count('hit_vs_warm_text')} | {sum(r['loaded_blocks'] or 0 for r in rows)} "
+                  f"| {max(r['max_abs_logprob_diff_hit'] for r in rows):.2g} |")
 
 
 def _cpu() -> dict:
