@@ -41,6 +41,7 @@ __all__ = [
     "tensor_over",
     "header_bytes",
     "parse_manifest",
+    "check_payload_cover",
     "sha256_hex",
 ]
 
@@ -183,23 +184,29 @@ def parse_manifest(data: bytes | str) -> StateManifest:
         raise IntegrityError(f"state manifest is malformed: {str(e).splitlines()[0]}") from e
     if len(manifest.token_ids) != manifest.token_count:
         raise IntegrityError("state manifest is malformed: token_ids and token_count disagree")
-    chunks = -(-manifest.payload_bytes // manifest.payload_chunk_bytes)
-    if len(manifest.payload_chunks) != chunks:
-        raise IntegrityError("state manifest is malformed: chunk digests do not cover the payload")
-    seal = manifest.payload_seal
+    check_payload_cover("state manifest", manifest.payload_bytes, manifest.payload_chunk_bytes,
+                        manifest.payload_chunks, manifest.payload_seal)
+    return manifest
+
+
+def check_payload_cover(what: str, payload_bytes: int, chunk_bytes: int, chunks: list[str], seal: PayloadSeal | None) -> None:
+    """That a manifest's chunk digests, and its seal's tags or encrypted chunks, cover exactly its
+    payload; an `IntegrityError` naming `what` otherwise."""
+    count = -(-payload_bytes // chunk_bytes)
+    if len(chunks) != count:
+        raise IntegrityError(f"{what} is malformed: chunk digests do not cover the payload")
     if seal is not None and seal.scheme == "blake3-keyed/1":
-        if len(seal.tags) != chunks or seal.nonce is not None or seal.plain_bytes is not None:
-            raise IntegrityError("state manifest is malformed: its keyed tags do not cover the payload")
+        if len(seal.tags) != count or seal.nonce is not None or seal.plain_bytes is not None:
+            raise IntegrityError(f"{what} is malformed: its keyed tags do not cover the payload")
     elif seal is not None:
         plain, plain_chunk = seal.plain_bytes, seal.plain_chunk_bytes
         if (
             seal.tags or seal.nonce is None or plain is None or plain_chunk is None
-            or manifest.payload_chunk_bytes != plain_chunk + AEAD_TAG_BYTES
-            or -(-plain // plain_chunk) != chunks
-            or manifest.payload_bytes != plain + AEAD_TAG_BYTES * chunks
+            or chunk_bytes != plain_chunk + AEAD_TAG_BYTES
+            or -(-plain // plain_chunk) != count
+            or payload_bytes != plain + AEAD_TAG_BYTES * count
         ):
-            raise IntegrityError("state manifest is malformed: its encrypted chunks do not cover the payload")
-    return manifest
+            raise IntegrityError(f"{what} is malformed: its encrypted chunks do not cover the payload")
 
 
 def tensor_names(index: int) -> tuple[str, str]:

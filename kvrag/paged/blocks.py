@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvrag.artifacts.digests import PayloadChunking
-from kvrag.artifacts.format import AEAD_TAG_BYTES, PayloadSeal, tensor_over
+from kvrag.artifacts.format import PayloadSeal, check_payload_cover, tensor_over
 from kvrag.errors import IntegrityError
 
 __all__ = ["BLOCK_FORMAT", "BlockEngine", "BlockLayer", "BlockManifest", "parse_block_manifest", "block_payload",
@@ -116,15 +116,8 @@ def parse_block_manifest(raw: bytes) -> BlockManifest:
         raise IntegrityError(f"block manifest is malformed: {str(e).splitlines()[0]}") from e
     if any(layer.dtype not in _DTYPES or any(not 0 < n <= 1 << 20 for n in layer.shape) for layer in manifest.layers):
         raise IntegrityError("block manifest is malformed: a layer names an unknown dtype or an impossible shape")
-    chunks = -(-manifest.payload_bytes // manifest.payload_chunk_bytes)
-    if len(manifest.payload_chunks) != chunks:
-        raise IntegrityError("block manifest is malformed: chunk digests do not cover the payload")
-    seal = manifest.payload_seal
-    if seal.scheme == "blake3-keyed/1" and (len(seal.tags) != chunks or seal.plain_bytes is not None):
-        raise IntegrityError("block manifest is malformed: its keyed tags do not cover the payload")
-    if seal.scheme != "blake3-keyed/1" and (seal.plain_bytes is None or seal.plain_bytes + AEAD_TAG_BYTES * chunks
-                                            != manifest.payload_bytes):
-        raise IntegrityError("block manifest is malformed: its encrypted chunks do not cover the payload")
+    check_payload_cover("block manifest", manifest.payload_bytes, manifest.payload_chunk_bytes,
+                        manifest.payload_chunks, manifest.payload_seal)
     if sum(layer.bytes for layer in manifest.layers) != manifest.plain_bytes:
         raise IntegrityError("block manifest is malformed: its layers do not add up to its payload")
     return manifest

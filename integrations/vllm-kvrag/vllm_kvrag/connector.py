@@ -75,7 +75,6 @@ class _Plan:
     load_to: int = 0
     saved_to: int = 0
     block_ids: list[int] = field(default_factory=list)
-    announced: bool = False
 
 
 class KVRagConnector(KVConnectorBase_V1):
@@ -112,7 +111,6 @@ class KVRagConnector(KVConnectorBase_V1):
         self._failed: set[int] = set()
         # requests whose load failed this step: what the forward computed after it read a bad block
         self._failed_requests: set[str] = set()
-        self.refused: Counter[str] = Counter()
 
     def blocks_of(self, namespace: str) -> BlockStore:
         """The block store of one tenant (made once)."""
@@ -132,7 +130,7 @@ class KVRagConnector(KVConnectorBase_V1):
         # the last prompt token is always computed: it gives the first token's logits
         loadable = (len(prompt) - 1) // self.block_size
         local = num_computed_tokens // self.block_size
-        held = local + blocks.held(chain[local:loadable]) if local < loadable else local
+        held = local + blocks.held(chain[local:loadable])
         self._plans[request.request_id] = _Plan(namespace, chain, local, held, saved_to=held)
         return max(0, held * self.block_size - num_computed_tokens), False
 
@@ -230,7 +228,6 @@ class KVRagConnector(KVConnectorBase_V1):
                     loaded = pending.popleft().result()
                 except (StateError, KVRagError) as e:
                     reason = getattr(e, "reason", "integrity")
-                    self.refused[reason] += 1
                     self._failed.update(bid for bid, _ in transfer.blocks[index:])
                     self._failed_requests.add(transfer.request_id)
                     log.warning("kvrag: request %s: loaded %d of %d blocks (%s); block %s refused (%s): %s; vLLM "
