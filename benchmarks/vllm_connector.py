@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="500,1500,4000", help="prompt sizes in tokens for the TTFT table")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per arm and size (the median is shown)")
     parser.add_argument("--ttft-dtype", default="float32", help="the dtype of the TTFT table")
+    parser.add_argument("--arms", default="none,memory,disk,redis",
+                        help="the TTFT table's arms: none (vLLM alone), memory, disk, redis")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="dtypes of the equality table")
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--skip-equality", action="store_true")
@@ -76,7 +78,7 @@ def main() -> None:
         try:
             if not args.skip_ttft:
                 report["ttft"] = measure_ttft(Path(tmp), folder, [int(s) for s in args.sizes.split(",")], args.repeat,
-                                              redis.url, args.ttft_dtype)
+                                              redis.url, args.ttft_dtype, args.arms.split(","))
                 report["ttft_dtype"] = args.ttft_dtype
                 print_ttft(report)
             if not args.skip_equality:
@@ -119,10 +121,12 @@ def run(tmp: Path, spec: dict) -> dict:
     return {**json.loads(out_path.read_text()), "loaded": loaded}
 
 
-def measure_ttft(tmp: Path, folder: str, sizes: list[int], repeat: int, redis_url: str, dtype: str = "float32") -> dict:
-    arms = {"none": None, "memory": "memory://", "disk": f"disk://{tmp / 'disk-ttft'}", "redis": redis_url}
+def measure_ttft(tmp: Path, folder: str, sizes: list[int], repeat: int, redis_url: str, dtype: str = "float32",
+                 arms: list[str] | None = None) -> dict:
+    stores = {"none": None, "memory": "memory://", "disk": f"disk://{tmp / 'disk-ttft'}", "redis": redis_url}
     results = {}
-    for arm, store in arms.items():
+    for arm in arms or list(stores):
+        store = stores[arm]
         print(f"TTFT arm: {arm}", flush=True)
         results[arm] = run(tmp, {"mode": "ttft", "folder": folder, "dtype": dtype, "store": store, "sizes": sizes,
                                  "repeat": repeat, "uni": arm == "memory"})
@@ -252,11 +256,13 @@ def print_ttft(report: dict) -> None:
     print("| prompt tokens | vLLM cold | vLLM warm | hit, memory (its warm) | vs warm | hit, disk (its warm) | vs warm "
           "| hit, Redis (its warm) | vs warm |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for index, row in enumerate(ttft["none"]["rows"]):
-        cells = [f"{row['size']:,}", f"{row['cold']:.0f} ms", f"{row['warm']:.0f} ms"]
+    first = next(iter(ttft.values()))
+    for index, row in enumerate(first["rows"]):
+        plain = ttft["none"]["rows"][index] if "none" in ttft else None
+        cells = [f"{row['size']:,}", *(f"{plain[k]:.0f} ms" if plain else "-" for k in ("cold", "warm"))]
         for arm in ("memory", "disk", "redis"):
-            own = ttft[arm]["rows"][index]
-            cells += [f"{own['hit']:.0f} ms ({own['warm']:.0f} ms)", f"{own['hit'] / own['warm']:.2f}x"]
+            own = ttft[arm]["rows"][index] if arm in ttft else None
+            cells += [f"{own['hit']:.0f} ms ({own['warm']:.0f} ms)", f"{own['hit'] / own['warm']:.2f}x"] if own else ["-", "-"]
         print("| " + " | ".join(cells) + " |")
 
 

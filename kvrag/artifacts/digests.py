@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from kvrag.artifacts.pages import warm_pages
 
 __all__ = ["CHUNK_BYTES", "LEGACY_CHUNK_BYTES", "PayloadChunking", "ChunkOpener", "Sha256Chunks", "chunk_digests", "CheckedBuffer", "HeldBytes",
-           "hash_pool", "read_checked", "open_payload", "stored_form"]
+           "hash_pool", "spans", "read_checked", "open_payload", "stored_form"]
 
 #: the chunk size of states written now: one Redis frame per chunk. Redis copies each reply into a
 #: fresh allocation, cheap while it stays in jemalloc's small-extent cache, and 64 bytes under 2 MiB
@@ -51,6 +51,13 @@ class ChunkOpener:
         """Whether stored chunk `index` is authentic (its plaintext, if not in place, now in `out`)."""
         raise NotImplementedError
 
+    def check(self, index: int, pieces: Sequence[memoryview]) -> bool:
+        """Whether stored chunk `index`, lying in `pieces` (in order, not contiguous), is authentic;
+        only an opener whose plaintext is the stored bytes (`in_place`) can check it where it lies."""
+        if len(pieces) == 1:
+            return self.open(index, pieces[0], pieces[0])
+        raise NotImplementedError(f"{self.name} chunks are checked in one piece")
+
 
 class Sha256Chunks(ChunkOpener):
     """Each chunk's SHA-256 against the signed list: a manifest that names no keyed tags."""
@@ -63,7 +70,13 @@ class Sha256Chunks(ChunkOpener):
         return ("sha256", self.chunk_bytes, self.digests)
 
     def open(self, index: int, stored: memoryview, out: memoryview) -> bool:
-        return index < len(self.digests) and hashlib.sha256(stored).hexdigest() == self.digests[index]
+        return self.check(index, [stored])
+
+    def check(self, index: int, pieces: Sequence[memoryview]) -> bool:
+        digest = hashlib.sha256()
+        for piece in pieces:
+            digest.update(piece)
+        return index < len(self.digests) and digest.hexdigest() == self.digests[index]
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,19 @@ class PayloadChunking:
 @lru_cache(maxsize=1)
 def hash_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="kvrag-sha256")
+
+
+def spans(pieces: Sequence[memoryview], start: int, end: int) -> list[memoryview]:
+    """Bytes `start:end` of the concatenation of `pieces` (byte views), as views into the pieces."""
+    out, at = [], 0
+    for piece in pieces:
+        if at >= end:
+            break
+        lo, hi = max(start - at, 0), min(end - at, len(piece))
+        if lo < hi:
+            out.append(piece[lo:hi])
+        at += len(piece)
+    return out
 
 
 def chunk_digests(data: Any, chunk_bytes: int = CHUNK_BYTES) -> list[str]:

@@ -19,7 +19,7 @@ import hmac
 import secrets
 import struct
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 import blake3
 from cryptography.exceptions import InvalidTag
@@ -68,14 +68,19 @@ class KeyedTags(ChunkOpener):
         # whose manifest lists the same tags
         return (_TAGGED, _key_id(self._key), self.state_key, self.tags)
 
-    def tag(self, index: int, chunk: Any) -> str:
-        view = memoryview(chunk).cast("B")
-        digest = blake3.blake3(_chunk_header(self.state_key, index, len(view)), key=self._key)
-        digest.update(view)
+    def tag(self, index: int, *pieces: Any) -> str:
+        """The tag of chunk `index`, whose bytes are `pieces` in order (usually one)."""
+        views = [memoryview(piece).cast("B") for piece in pieces]
+        digest = blake3.blake3(_chunk_header(self.state_key, index, sum(len(v) for v in views)), key=self._key)
+        for view in views:
+            digest.update(view)
         return digest.hexdigest()
 
     def open(self, index: int, stored: memoryview, out: memoryview) -> bool:
-        return index < len(self.tags) and hmac.compare_digest(self.tag(index, stored), self.tags[index])
+        return self.check(index, [stored])
+
+    def check(self, index: int, pieces: Sequence[memoryview]) -> bool:
+        return index < len(self.tags) and hmac.compare_digest(self.tag(index, *pieces), self.tags[index])
 
 
 class AeadChunks(ChunkOpener):

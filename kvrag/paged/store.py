@@ -19,7 +19,7 @@ import torch
 from kvrag.artifacts.digests import chunk_digests, open_payload
 from kvrag.artifacts.format import state_key
 from kvrag.artifacts.payloads import chunking_of, seal_payload
-from kvrag.errors import ForeignStateError, IntegrityError, StateError
+from kvrag.errors import ForeignStateError, IntegrityError, StateError, StateNotFoundError, StoreError
 from kvrag.paged.blocks import (
     BLOCK_FORMAT,
     BlockEngine,
@@ -127,11 +127,7 @@ class BlockStore:
     def held(self, blocks: Sequence[Block], deadline: Deadline | None = None) -> int:
         """How many of `blocks`, from the first, the store holds whole (nothing is checked yet),
         within `deadline` (a new one of `deadline_s` if None)."""
-        deadline = deadline or self.deadline()
-        for count, block in enumerate(blocks):
-            if not self.store.holds(block.key, deadline):
-                return count
-        return len(blocks)
+        return self.store.holds_run([block.key for block in blocks], deadline or self.deadline())
 
     def save(self, block: Block, tensors: Sequence[torch.Tensor]) -> None:
         """Store one block's layer tensors (in layer order), signed and sealed."""
@@ -162,5 +158,47 @@ class BlockStore:
             self.stats.loaded[found.tier] += 1
         return LoadedBlock(found.value, found.tier)
 
+    def load_into(self, block: Block, targets: Sequence[torch.Tensor], layers: Sequence[BlockLayer] | None = None,
+                  deadline: Deadline | None = None) -> str:
+        """Load `block` into `targets` (the caller's tensors, one per layer, in order): the tier that
+        served it, or the `StateError` that says why not (counted by reason), after which what the
+        targets hold is undefined: compute it again. A store that receives into the caller's memory
+        (Redis over kvrag's direct wire) writes each chunk in place and checks it there; any other
+        is read and checked first, then copied. Nothing writes into the targets once this returns."""
+        receive = getattr(self.store, "receive_into", None)
+        pieces = _byte_views(targets) if receive is not None and getattr(self.store, "frame_pool", None) else None
+        if pieces is None:
+            return self._load_copy(block, targets, layers, deadline)
+        acceptance = _Acceptance(self._key, self.engine, block, layers)
+        try:
+            if not receive(block.key, acceptance, pieces, deadline or self.deadline()):
+                raise StateNotFoundError(f"no block {block.key[:12]} (or a part of it) in {self.store.url}",
+                                         key=block.key, tier=self.store.url)
+        except StateError as e:
+            with self._lock:
+                self.stats.refused[e.reason] += 1
+            raise
+        except StoreError:  # not readable in place (a sealed block, a moved cluster slot): read whole, then copied
+            return self._load_copy(block, targets, layers, deadline)
+        with self._lock:
+            self.stats.loaded[self.store.url] += 1
+        return self.store.url
+
+    def _load_copy(self, block: Block, targets: Sequence[torch.Tensor], layers: Sequence[BlockLayer] | None,
+                   deadline: Deadline | None) -> str:
+        loaded = self.load(block, layers, deadline)
+        if len(loaded.tensors) != len(targets):
+            raise ValueError(f"{len(targets)} targets for a block of {len(loaded.tensors)} layers")
+        for target, tensor in zip(targets, loaded.tensors):
+            target.copy_(tensor)
+        return loaded.tier
+
     def close(self) -> None:
         self.store.close()
+
+
+def _byte_views(tensors: Sequence[torch.Tensor]) -> list[memoryview] | None:
+    """Each tensor's bytes as a writable view (None unless every one is a contiguous CPU tensor)."""
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return None
+    return [memoryview(t.reshape(-1).view(torch.uint8).numpy()) for t in tensors]

@@ -15,7 +15,7 @@ import struct
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
+from typing import Any, Callable, Generic, Iterator, Protocol, Sequence, TypeVar
 
 from kvrag.artifacts.digests import CHUNK_BYTES, PayloadChunking
 from kvrag.errors import (
@@ -212,6 +212,14 @@ class StateStore(Guarded, ABC):
             return self.guarded(lambda: self._holds(key), deadline, f"checking {key[:12]} in {self.url}")
         except (StoreError, StateError, *UNTRUSTED_PARSE_ERRORS):
             return False
+
+    def holds_run(self, keys: Sequence[str], deadline: Deadline | None = None) -> int:
+        """How many of `keys`, from the first, this store holds whole (as `holds` says), within
+        `deadline`; a store that can asks for them all at once."""
+        for count, key in enumerate(keys):
+            if not self.holds(key, deadline):
+                return count
+        return len(keys)
 
     @property
     def tiers(self) -> list["StateStore"]:

@@ -4,7 +4,8 @@ Scheduler side: for a new request, the longest run of the prompt's full blocks, 
 vLLM's own prefix cache, that the store holds is offered to vLLM as computed (loaded before the
 forward); the prompt's other full blocks are saved once the forward that completes them ran.
 Worker side: a load reads each block through kvrag's checks (signature, chain, engine
-fingerprint, layout, keyed chunk tags) and copies it into the paged cache; a block that fails
+fingerprint, layout, keyed chunk tags) into its place in the paged cache (from Redis, received
+there and checked where it lies; from other stores, checked, then copied); a block that fails
 (missing, damaged, unsigned, foreign, the store down or past its deadline) and every block after
 it are reported to vLLM as load errors, so vLLM computes them (`kv_load_failure_policy:
 "recompute"`, which the connector requires). Every refusal is counted by its reason and logged.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -212,20 +213,21 @@ class KVRagConnector(KVConnectorBase_V1):
             self._load(transfer)
 
     def _load(self, transfer: _Transfer) -> None:
-        """Each block read and checked on the loading threads, up to `_AHEAD` ahead of the one being
-        copied into the paged cache; the first that fails ends the load (it and the rest are load
-        errors, computed by vLLM)."""
+        """Each block read, checked and written into its place in the paged cache on the loading
+        threads, up to `_AHEAD` at once, in order; the first that fails ends the load (it and the
+        rest are load errors, computed by vLLM)."""
         blocks = self.blocks_of(transfer.namespace)
         deadline = blocks.deadline()
         tiers: Counter[str] = Counter()
         pending: deque[Future] = deque()
         ahead = iter(transfer.blocks)
         try:
-            for index, (block_id, block) in enumerate(transfer.blocks):
+            for index, (_, block) in enumerate(transfer.blocks):
                 while len(pending) < _AHEAD and (nxt := next(ahead, None)) is not None:
-                    pending.append(_loaders().submit(blocks.load, nxt[1], self._layers, deadline))
+                    pending.append(_loaders().submit(blocks.load_into, nxt[1], self._views(nxt[0]), self._layers,
+                                                     deadline))
                 try:
-                    loaded = pending.popleft().result()
+                    tier = pending.popleft().result()
                 except (StateError, KVRagError) as e:
                     reason = getattr(e, "reason", "integrity")
                     self._failed.update(bid for bid, _ in transfer.blocks[index:])
@@ -234,12 +236,12 @@ class KVRagConnector(KVConnectorBase_V1):
                                 "computes the rest", transfer.request_id, index, len(transfer.blocks), _tiers(tiers),
                                 block.key[:12], reason, e)
                     return
-                for view, tensor in zip(self._views(block_id), loaded.tensors):
-                    view.copy_(tensor)
-                tiers[loaded.tier] += 1
+                tiers[tier] += 1
         finally:
+            # reads write into vLLM's cache: none may still run once vLLM computes the blocks
             for future in pending:
                 future.cancel()
+            wait(pending)
         log.info("kvrag: request %s: loaded %d blocks (%s)", transfer.request_id, len(transfer.blocks), _tiers(tiers))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -277,7 +279,7 @@ class KVRagConnector(KVConnectorBase_V1):
                          dict(stats.loaded), dict(stats.refused))
 
 
-#: blocks read and checked ahead of the one being copied: the store's reads overlap the copies
+#: blocks read at once: one block's frames on the wire while another's are checked
 _AHEAD = 2
 
 

@@ -14,13 +14,22 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
-from kvrag.artifacts.digests import stored_form
+from kvrag.artifacts.digests import ChunkOpener, hash_pool, spans, stored_form
 from kvrag.artifacts.format import parse_manifest
-from kvrag.errors import IntegrityError, RedirectError, StoreError, StoreUnavailableError
-from kvrag.stores.base import BlobStore, ManifestAcceptance, StateStore, StoredState, check_blob_name, check_key
-from kvrag.stores.deadline import Breaker
+from kvrag.errors import IntegrityError, RedirectError, StateError, StoreError, StoreTimeoutError, StoreUnavailableError
+from kvrag.stores.base import (
+    UNTRUSTED_PARSE_ERRORS,
+    Acceptance,
+    BlobStore,
+    ManifestAcceptance,
+    StateStore,
+    StoredState,
+    check_blob_name,
+    check_key,
+)
+from kvrag.stores.deadline import Breaker, Deadline
 from kvrag.stores.outages import answered, public_url
 from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameTable, make_frame_table, parse_frame_table
 from kvrag.stores.redis.wire import FramePool
@@ -241,6 +250,99 @@ class RedisStore(StateStore, BlobStore):
         assembler.placed(len(keys))
         return StoredState(manifest, assembler.result(), accepted)
 
+    def receive_into(self, key: str, acceptance: Acceptance[Any], pieces: Sequence[memoryview],
+                     deadline: Deadline | None = None) -> bool:
+        """Read the state under `key` through `acceptance`'s manifest check, its payload received
+        straight into `pieces` (byte views filled in order, exactly the payload's size) and each
+        chunk checked where it lies; False if the state (or a frame) is absent, else the
+        `StateError` that says why not. Runs in the caller's thread, never abandoned: every socket
+        wait is bounded by `deadline`, so nothing writes into `pieces` once this returns. What
+        `pieces` hold after a failure is undefined. Needs the direct wire and a payload checked in
+        place (keyed tags or SHA-256, not sealed): else `StoreError` (read it with `fetch`)."""
+        if self.frame_pool is None:
+            raise StoreError(f"{public_url(self.url)} reads through redis-py (wire=client): use fetch")
+        what = f"reading {key[:12]} from {self.url}"
+        try:
+            if self.breaker.is_open:
+                raise self._skipped("GET frames")
+            if deadline is not None and deadline.expired:
+                raise StoreTimeoutError(f"{what}: the request's {deadline.seconds:g} s for store reads was spent")
+            frame_table = self.get_frame_table(key)
+            if frame_table is None:
+                return False
+            manifest = frame_table.manifest.encode()
+            chunking = acceptance.manifest(manifest, self).chunking
+            if chunking is None:
+                raise IntegrityError(f"state {key[:12]}: its manifest names no payload checks")
+            if (frame_table.payload_bytes, frame_table.frame_bytes, list(frame_table.frames)) != (
+                chunking.size, chunking.chunk_bytes, list(chunking.chunks)
+            ):
+                raise IntegrityError(f"state {key[:12]}: its frame table does not list the manifest's chunks")
+            if sum(len(piece) for piece in pieces) != chunking.size:
+                raise IntegrityError(f"state {key[:12]} is {chunking.size} bytes, not the {sum(map(len, pieces))} "
+                                     "bytes it is read into")
+            opener = chunking.chunk_opener
+            if not opener.in_place:
+                raise StoreError(f"state {key[:12]} is sealed: its chunks open into a buffer of their own (use fetch)")
+            return self._receive(self._fkeys(key, frame_table), frame_table, opener, pieces, deadline, what)
+        except StateError as e:
+            e.located(key, self.url)
+            raise
+        except UNTRUSTED_PARSE_ERRORS as e:
+            raise IntegrityError(f"state {key[:12]} in {self.url} does not parse: {type(e).__name__}: "
+                                 f"{str(e)[:200]}", key=key, tier=self.url) from e
+
+    def _receive(self, keys: list[str], frame_table: FrameTable, opener: ChunkOpener, pieces: Sequence[memoryview],
+                 deadline: Deadline | None, what: str) -> bool:
+        """Every frame asked for at once on one connection of our own, received in order, each
+        checked on the hashing threads while the next one arrives."""
+        assert self.frame_pool is not None
+        pool = self.frame_pool
+        if not keys:
+            return True
+        host, port = self._node_of(keys[0])
+        connection = pool.take(host, port)
+        healthy, checks = False, []
+        try:
+            try:
+                connection.ask(*keys)
+            except StoreError:
+                if not connection.reused:
+                    raise
+                connection.close()  # a pooled connection the server closed since (a restart): one fresh one, once
+                connection = pool.connect(host, port)
+                connection.ask(*keys)
+            for index in range(len(keys)):
+                if deadline is not None:
+                    if deadline.expired:
+                        raise StoreTimeoutError(f"{what}: no answer within the request's {deadline.seconds:g} s deadline")
+                    connection.sock.settimeout(min(pool.options.get("timeout", 5.0), max(deadline.remaining(), 1e-3)))
+                start = index * frame_table.frame_bytes
+                frame = spans(pieces, start, start + frame_table.frame_length(index))
+                if not connection.reply_into(frame):
+                    return False  # evicted since its frame table was read: a miss (the connection closes)
+                checks.append((index, hash_pool().submit(opener.check, index, frame)))
+            healthy = True
+        except StoreError as e:
+            if isinstance(e, (StoreTimeoutError, RedirectError)):
+                raise
+            if deadline is not None and deadline.expired:
+                raise StoreTimeoutError(f"{what}: no answer within the request's {deadline.seconds:g} s deadline") from e
+            self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")
+            raise StoreUnavailableError(str(e), tier=self.url) from e
+        finally:
+            # every check waited for before this returns: none reads `pieces` afterwards
+            failed = [index for index, check in checks if not check.result()]
+            if healthy:
+                connection.sock.settimeout(pool.options.get("timeout", 5.0))
+                pool.give(host, port, connection)
+            else:
+                connection.close()
+        if failed:
+            raise IntegrityError(f"frame {failed[0]} does not pass its {opener.name} check")
+        answered(self.url)
+        return True
+
     def _node_of(self, name: str) -> tuple[str, int]:
         """The server that holds `name`: the URL's, or the cluster node that serves its slot."""
         if not self.cluster:
@@ -257,6 +359,41 @@ class RedisStore(StateStore, BlobStore):
             return False
         keys = self._fkeys(key, frame_table)  # one slot (the {key} hash tag): one EXISTS, one round trip
         return not keys or self._call("EXISTS", lambda: self.client.exists(*keys)) == len(keys)
+
+    def holds_run(self, keys: Sequence[str], deadline: Deadline | None = None) -> int:
+        """`holds` for a run of states in two round trips: every frame table, then every frame's
+        presence (pipelined; a cluster's pipeline sends each node its share)."""
+        def run() -> int:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(self._mkey(key))
+            tables = pipe.execute()
+            frames: list[list[str]] = []
+            for key, raw in zip(keys, tables):
+                try:
+                    table = None if raw is None else parse_frame_table(raw)
+                except IntegrityError:  # a frame table that does not parse holds nothing
+                    break
+                if table is None or table.payload_bytes > self.max_state_bytes:
+                    break
+                frames.append(self._fkeys(key, table))
+            pipe = self.client.pipeline(transaction=False)
+            for names in frames:
+                if names:
+                    pipe.exists(*names)
+            present = iter(pipe.execute())
+            for count, names in enumerate(frames):
+                if names and next(present) != len(names):
+                    return count
+            return len(frames)
+
+        if not keys:
+            return 0
+        try:
+            return self.guarded(lambda: self._call("GET frame tables", run), deadline,
+                                f"checking {len(keys)} states in {self.url}")
+        except (StoreError, StateError, *UNTRUSTED_PARSE_ERRORS):
+            return 0
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.

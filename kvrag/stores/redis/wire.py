@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 from kvrag.errors import IntegrityError, RedirectError, StoreError
 
@@ -93,11 +93,24 @@ class FrameConnection:
         if not line.startswith(b"+"):
             raise StoreError(f"Redis refused {command[0]}: {line[:200].decode(errors='replace')}")
 
-    def get_into(self, name: str, target: memoryview) -> bool:
+    def get_into(self, name: str, target: memoryview | Sequence[memoryview]) -> bool:
         """`GET name` into `target`; False if there is no such key. The reply must be exactly
         `len(target)` bytes long (else `IntegrityError`)."""
+        self.ask(name)
+        return self.reply_into(target)
+
+    def ask(self, *names: str) -> None:
+        """Send `GET name` for each name, pipelined: read the replies in order with `reply_into`."""
         try:
-            self._send("GET", name)
+            self.sock.sendall(b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in map(str.encode, names)))
+        except OSError as e:
+            raise StoreError(f"asking for a frame failed: {type(e).__name__}: {e}") from e
+
+    def reply_into(self, target: memoryview | Sequence[memoryview]) -> bool:
+        """The next `GET` reply into `target` (a byte view, or byte views filled in order); False for a
+        missing key. The reply must be exactly as long as the target (else `IntegrityError`)."""
+        pieces = [target] if isinstance(target, memoryview) else list(target)
+        try:
             line = self._line()
             if line.startswith((b"-MOVED ", b"-ASK ")):
                 raise RedirectError(f"Redis redirected the read: {line[1:300].decode(errors='replace')}")
@@ -109,15 +122,16 @@ class FrameConnection:
                 return False
             if not line.startswith(b"$") or not line[1:].isdigit():
                 raise IntegrityError("a Redis reply is not a bulk string")
-            length = int(line[1:])
-            if length != len(target):
-                raise IntegrityError(f"a frame is {length} bytes, expected {len(target)}")
-            got = 0
-            while got < length:
-                n = self.sock.recv_into(target[got:], length - got)
-                if n == 0:
-                    raise StoreError("Redis closed the connection mid-frame")
-                got += n
+            length, expected = int(line[1:]), sum(len(piece) for piece in pieces)
+            if length != expected:
+                raise IntegrityError(f"a frame is {length} bytes, expected {expected}")
+            for piece in pieces:
+                got = 0
+                while got < len(piece):
+                    n = self.sock.recv_into(piece[got:], len(piece) - got)
+                    if n == 0:
+                        raise StoreError("Redis closed the connection mid-frame")
+                    got += n
             if self._exactly(2) != b"\r\n":
                 raise IntegrityError("a Redis bulk reply is not terminated by CRLF")
             return True
