@@ -97,3 +97,46 @@ def test_a_cluster_redirection_is_its_own_error():
     finally:
         connection.close()
         thread.join(2)
+
+
+def read_scattered(reply: bytes, cuts: list[int]) -> tuple[object, bytearray]:
+    """`read`, the frame received into pieces of the buffer cut at `cuts` (each piece in order)."""
+    buffer = bytearray(b"\xee" * (FRAME + 16))
+    view, edges = memoryview(buffer), [0, *sorted(set(c for c in cuts if 0 < c < FRAME)), FRAME]
+    pieces = [view[a:b] for a, b in zip(edges, edges[1:])]
+    connection, thread = answer(reply)
+    try:
+        outcome: object = connection.get_into("k", pieces)
+    except (IntegrityError, StoreError) as e:
+        outcome = type(e)
+    finally:
+        connection.close()
+        thread.join(2)
+    return outcome, buffer
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, FRAME), max_size=6),
+       st.binary(min_size=FRAME, max_size=FRAME) | st.binary(max_size=FRAME + 8))
+def test_a_frame_received_in_pieces_fills_them_in_order_or_is_a_typed_error(cuts, body):
+    reply = b"$%d\r\n" % len(body) + body + b"\r\n"
+    outcome, buffer = read_scattered(reply, cuts)
+    assert bytes(buffer[FRAME:]) == b"\xee" * 16  # never past the pieces
+    if len(body) == FRAME:
+        assert outcome is True and bytes(buffer[:FRAME]) == body
+    else:
+        assert outcome is IntegrityError
+
+
+def test_pipelined_replies_each_land_in_their_own_target():
+    frames = [bytes([i]) * FRAME for i in range(3)]
+    connection, thread = answer(b"".join(b"$%d\r\n" % FRAME + f + b"\r\n" for f in frames) + b"$-1\r\n")
+    try:
+        connection.ask("a", "b", "c", "d")
+        targets = [bytearray(FRAME) for _ in frames]
+        assert all(connection.reply_into(memoryview(t)) for t in targets)
+        assert connection.reply_into(memoryview(bytearray(FRAME))) is False
+        assert [bytes(t) for t in targets] == frames
+    finally:
+        connection.close()
+        thread.join(2)

@@ -184,3 +184,24 @@ def test_a_spent_deadline_refuses_the_read_as_unavailable(store):
     assert refused.value.reason == "unavailable" and blocks.stats.refused == {"unavailable": 1}
     assert blocks.held([block], spent) == 0
     assert blocks.load(block).tensors  # a request of its own has its own budget
+
+
+def test_load_into_writes_the_checked_block_into_the_callers_tensors(store):
+    blocks = BlockStore(store, ENGINE, KEY)
+    block = blocks.chain(list(range(4)), 4)[0]
+    saved = _tensors(3)
+    blocks.save(block, saved)
+    targets = [torch.zeros_like(t) for t in saved]
+    assert blocks.load_into(block, targets) == store.url
+    assert all(torch.equal(a, b) for a, b in zip(targets, saved))
+    with pytest.raises(ValueError):
+        blocks.load_into(block, targets[:2])
+    payload = store.read(block.key)
+    assert payload is not None
+    raw = bytearray(memoryview(payload.payload).cast("B"))
+    raw[5] ^= 1
+    store.put(block.key, payload.manifest, bytes(raw))
+    untouched = [torch.full_like(t, 7.0) for t in saved]
+    with pytest.raises(IntegrityError):
+        blocks.load_into(block, untouched)
+    assert all(bool((t == 7.0).all()) for t in untouched)  # checked before a byte is copied
