@@ -2,6 +2,6 @@
 (`blocks`), and a tenant's chained, signed, checked blocks in any kvrag store (`store`)."""
 
 from kvrag.paged.blocks import BlockEngine, BlockLayer, BlockManifest
-from kvrag.paged.store import Block, BlockStats, BlockStore, LoadedBlock
+from kvrag.paged.store import Block, BlockStats, BlockStore, LoadedBlock, LoadedRun
 
-__all__ = ["BlockEngine", "BlockLayer", "BlockManifest", "Block", "BlockStats", "BlockStore", "LoadedBlock"]
+__all__ = ["BlockEngine", "BlockLayer", "BlockManifest", "Block", "BlockStats", "BlockStore", "LoadedBlock", "LoadedRun"]

@@ -19,7 +19,7 @@ import torch
 from kvrag.artifacts.digests import chunk_digests, open_payload
 from kvrag.artifacts.format import state_key
 from kvrag.artifacts.payloads import chunking_of, seal_payload
-from kvrag.errors import ForeignStateError, IntegrityError, StateError, StateNotFoundError, StoreError
+from kvrag.errors import ForeignStateError, IntegrityError, StateError
 from kvrag.paged.blocks import (
     BLOCK_FORMAT,
     BlockEngine,
@@ -29,13 +29,13 @@ from kvrag.paged.blocks import (
     block_tensors,
     parse_block_manifest,
 )
-from kvrag.stores.base import Accepted, StateStore
+from kvrag.stores.base import Accepted, Receive, StateStore
 from kvrag.stores.deadline import Deadline
 from kvrag.trust.identity import key_scope
 from kvrag.trust.signing import check_manifest_bytes, sign_manifest_bytes
 from kvrag.trust.tenants import key_for
 
-__all__ = ["Block", "BlockStats", "LoadedBlock", "BlockStore"]
+__all__ = ["Block", "BlockStats", "LoadedBlock", "LoadedRun", "BlockStore"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,16 @@ class LoadedBlock:
 
     tensors: list[torch.Tensor]
     tier: str
+
+
+@dataclass
+class LoadedRun:
+    """What `BlockStore.load_run` did: blocks that landed (from the first), by tier, and the error
+    that stopped it (None: every block landed)."""
+
+    landed: int = 0
+    tiers: Counter[str] = field(default_factory=Counter)
+    error: StateError | None = None
 
 
 @dataclass
@@ -160,29 +170,53 @@ class BlockStore:
 
     def load_into(self, block: Block, targets: Sequence[torch.Tensor], layers: Sequence[BlockLayer] | None = None,
                   deadline: Deadline | None = None) -> str:
-        """Load `block` into `targets` (the caller's tensors, one per layer, in order): the tier that
-        served it, or the `StateError` that says why not (counted by reason), after which what the
-        targets hold is undefined: compute it again. A store that receives into the caller's memory
-        (Redis over kvrag's direct wire) writes each chunk in place and checks it there; any other
-        is read and checked first, then copied. Nothing writes into the targets once this returns."""
-        receive = getattr(self.store, "receive_into", None)
-        pieces = _byte_views(targets) if receive is not None and getattr(self.store, "frame_pool", None) else None
-        if pieces is None:
-            return self._load_copy(block, targets, layers, deadline)
-        acceptance = _Acceptance(self._key, self.engine, block, layers)
-        try:
-            if not receive(block.key, acceptance, pieces, deadline or self.deadline()):
-                raise StateNotFoundError(f"no block {block.key[:12]} (or a part of it) in {self.store.url}",
-                                         key=block.key, tier=self.store.url)
-        except StateError as e:
-            with self._lock:
-                self.stats.refused[e.reason] += 1
-            raise
-        except StoreError:  # not readable in place (a sealed block, a moved cluster slot): read whole, then copied
-            return self._load_copy(block, targets, layers, deadline)
-        with self._lock:
-            self.stats.loaded[self.store.url] += 1
-        return self.store.url
+        """Load `block` into `targets` (see `load_run`): the tier that served it, or the
+        `StateError` that says why not."""
+        run = self.load_run([block], [targets], layers, deadline)
+        if run.error is not None:
+            raise run.error
+        return next(iter(run.tiers))
+
+    def load_run(self, blocks: Sequence[Block], targets: Sequence[Sequence[torch.Tensor]],
+                 layers: Sequence[BlockLayer] | None = None, deadline: Deadline | None = None) -> LoadedRun:
+        """Load `blocks` into `targets` (per block, the caller's tensors, one per layer, in order),
+        in order, until one fails: how many landed, from which tiers, and the `StateError` that
+        stopped the run (counted by reason). What the targets of the failed block and those after
+        it hold is undefined: compute them again. From a store that receives into the caller's
+        memory (Redis over kvrag's direct wire), the run's payloads are received in place and
+        checked there; from any other, each block is read and checked first, then copied. All
+        within one `deadline`; nothing writes into the targets once this returns."""
+        deadline = deadline or self.deadline()
+        run = LoadedRun()
+        receive = getattr(self.store, "receive_run", None)
+        views = [_byte_views(t) if receive is not None else None for t in targets]
+        at = 0
+        while at < len(blocks) and run.error is None:
+            inplace = 0
+            while at + inplace < len(blocks) and views[at + inplace] is not None:
+                inplace += 1
+            if inplace:
+                reads = [Receive(b.key, _Acceptance(self._key, self.engine, b, layers), v)
+                         for b, v in zip(blocks[at : at + inplace], views[at : at + inplace])]
+                landed, error = receive(reads, deadline)
+                with self._lock:
+                    self.stats.loaded[self.store.url] += landed
+                run.tiers[self.store.url] += landed
+                at += landed
+                if isinstance(error, StateError):
+                    with self._lock:
+                        self.stats.refused[error.reason] += 1
+                    run.error = error
+                if error is None or run.error is not None:
+                    continue
+                # not receivable in place (a sealed block, a moved cluster slot): this one is read whole
+            try:
+                run.tiers[self._load_copy(blocks[at], targets[at], layers, deadline)] += 1
+                at += 1
+            except StateError as e:
+                run.error = e
+        run.landed = at
+        return run
 
     def _load_copy(self, block: Block, targets: Sequence[torch.Tensor], layers: Sequence[BlockLayer] | None,
                    deadline: Deadline | None) -> str:

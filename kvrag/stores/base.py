@@ -29,7 +29,7 @@ from kvrag.errors import (
 from kvrag.stores import outages
 from kvrag.stores.deadline import Breaker, Deadline, bounded
 
-__all__ = ["StateStore", "BlobStore", "StoredState", "Acceptance", "Accepted", "ManifestAcceptance", "PayloadChunking", "Found", "check_key", "check_blob_name",
+__all__ = ["StateStore", "BlobStore", "StoredState", "Acceptance", "Accepted", "ManifestAcceptance", "PayloadChunking", "Receive", "Found", "check_key", "check_blob_name",
            "UNTRUSTED_PARSE_ERRORS", "shorten"]
 
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -98,6 +98,17 @@ class Acceptance(Protocol[T_co]):
 
     def payload(self, manifest: Any, payload: Any) -> T_co:
         """Check the payload against the checked manifest; the result is what `fetch` returns."""
+
+
+@dataclass(frozen=True)
+class Receive:
+    """One state to read into the caller's memory (`RedisStore.receive_run`): its key, what
+    accepts it, and the bytes its payload goes into (writable byte views, filled in order, together
+    exactly the payload's size)."""
+
+    key: str
+    acceptance: Acceptance[Any]
+    pieces: Sequence[memoryview]
 
 
 @dataclass(frozen=True)

@@ -119,9 +119,9 @@ def test_a_stalled_server_costs_the_deadline_and_nothing_writes_after_it(server,
     if stall == "before the frame table":
         os.kill(pid, signal.SIGSTOP)
     else:  # the frame table arrives, then the server stops: the frames' waits are bounded too
-        read = type(blocks.store).get_frame_table
-        monkeypatch.setattr(type(blocks.store), "get_frame_table",
-                            lambda self, key: (read(self, key), os.kill(pid, signal.SIGSTOP))[0])
+        read = type(blocks.store)._frame_tables
+        monkeypatch.setattr(type(blocks.store), "_frame_tables",
+                            lambda self, keys: (read(self, keys), os.kill(pid, signal.SIGSTOP))[0])
     try:
         began = time.monotonic()
         with pytest.raises(StoreUnavailableError):
@@ -159,3 +159,24 @@ def test_a_refused_block_says_why_and_loads_again_once_saved_again(server):
     blocks.save(chain[0], _views(cache, 0))
     blocks.load_into(chain[0], _views(cache, 3), _layers(cache))
     assert _equal(_views(cache, 3), _views(cache, 0))
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "no frame table", "a frame gone"])
+def test_a_run_lands_the_blocks_before_the_first_bad_one_and_says_why(server, damage):
+    blocks, chain, cache = _setup(server)
+    client = _client(server)
+    frame = _frames(server, chain[1].key)[-1]
+    if damage == "flipped byte":
+        raw = bytearray(client.get(frame))
+        raw[-1] ^= 1
+        client.set(frame, bytes(raw))
+    elif damage == "no frame table":
+        client.delete(f"kvrag:{{{chain[1].key}}}:m")
+    else:
+        client.delete(frame)
+    run = blocks.load_run(chain, [_views(cache, 3 + i) for i in range(3)], _layers(cache))
+    assert run.landed == 1 and run.tiers == {blocks.store.url: 1}
+    assert run.error is not None and run.error.key == chain[1].key
+    assert run.error.reason == ("integrity" if damage == "flipped byte" else "missing")
+    assert _equal(_views(cache, 3), _views(cache, 0))
+    assert blocks.stats.refused == {run.error.reason: 1}

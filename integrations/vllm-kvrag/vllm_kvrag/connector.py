@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from kvrag.errors import KVRagError, StateError
+from kvrag.errors import KVRagError
 from kvrag.paged import Block, BlockLayer, BlockStore
 from vllm_kvrag.settings import ConnectorSettings, block_engine, namespace_of, shared_store
 
@@ -213,35 +211,22 @@ class KVRagConnector(KVConnectorBase_V1):
             self._load(transfer)
 
     def _load(self, transfer: _Transfer) -> None:
-        """Each block read, checked and written into its place in the paged cache on the loading
-        threads, up to `_AHEAD` at once, in order; the first that fails ends the load (it and the
-        rest are load errors, computed by vLLM)."""
+        """The request's blocks, in order, into their places in the paged cache; the first that
+        fails ends the load (it and the rest are load errors, computed by vLLM)."""
         blocks = self.blocks_of(transfer.namespace)
-        deadline = blocks.deadline()
-        tiers: Counter[str] = Counter()
-        pending: deque[Future] = deque()
-        ahead = iter(transfer.blocks)
         try:
-            for index, (_, block) in enumerate(transfer.blocks):
-                while len(pending) < _AHEAD and (nxt := next(ahead, None)) is not None:
-                    pending.append(_loaders().submit(blocks.load_into, nxt[1], self._views(nxt[0]), self._layers,
-                                                     deadline))
-                try:
-                    tier = pending.popleft().result()
-                except (StateError, KVRagError) as e:
-                    reason = getattr(e, "reason", "integrity")
-                    self._failed.update(bid for bid, _ in transfer.blocks[index:])
-                    self._failed_requests.add(transfer.request_id)
-                    log.warning("kvrag: request %s: loaded %d of %d blocks (%s); block %s refused (%s): %s; vLLM "
-                                "computes the rest", transfer.request_id, index, len(transfer.blocks), _tiers(tiers),
-                                block.key[:12], reason, e)
-                    return
-                tiers[tier] += 1
-        finally:
-            # reads write into vLLM's cache: none may still run once vLLM computes the blocks
-            for future in pending:
-                future.cancel()
-            wait(pending)
+            run = blocks.load_run([block for _, block in transfer.blocks],
+                                  [self._views(block_id) for block_id, _ in transfer.blocks], self._layers)
+            landed, tiers, error = run.landed, run.tiers, run.error
+        except KVRagError as e:  # not a verdict on a block (a store that cannot be opened): none loads
+            landed, tiers, error = 0, Counter(), e
+        if error is not None:
+            self._failed.update(block_id for block_id, _ in transfer.blocks[landed:])
+            self._failed_requests.add(transfer.request_id)
+            log.warning("kvrag: request %s: loaded %d of %d blocks (%s); block %s refused (%s): %s; vLLM computes "
+                        "the rest", transfer.request_id, landed, len(transfer.blocks), _tiers(tiers),
+                        transfer.blocks[landed][1].key[:12], getattr(error, "reason", "unavailable"), error)
+            return
         log.info("kvrag: request %s: loaded %d blocks (%s)", transfer.request_id, len(transfer.blocks), _tiers(tiers))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -277,15 +262,6 @@ class KVRagConnector(KVConnectorBase_V1):
             if stats.saved or stats.loaded or stats.refused:
                     log.info("kvrag: namespace %r: saved %d blocks, loaded %s, refused %s", namespace, stats.saved,
                          dict(stats.loaded), dict(stats.refused))
-
-
-#: blocks read at once: one block's frames on the wire while another's are checked
-_AHEAD = 2
-
-
-@lru_cache(maxsize=1)
-def _loaders() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="kvrag-load")
 
 
 def _tiers(tiers: Counter[str]) -> str:

@@ -12,18 +12,26 @@ import json
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, Callable, Iterator, Sequence
 
 from kvrag.artifacts.digests import ChunkOpener, hash_pool, spans, stored_form
 from kvrag.artifacts.format import parse_manifest
-from kvrag.errors import IntegrityError, RedirectError, StateError, StoreError, StoreTimeoutError, StoreUnavailableError
+from kvrag.errors import (
+    IntegrityError,
+    RedirectError,
+    StateError,
+    StateNotFoundError,
+    StoreError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 from kvrag.stores.base import (
     UNTRUSTED_PARSE_ERRORS,
-    Acceptance,
     BlobStore,
     ManifestAcceptance,
+    Receive,
     StateStore,
     StoredState,
     check_blob_name,
@@ -35,6 +43,9 @@ from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameTable
 from kvrag.stores.redis.wire import FramePool
 
 __all__ = ["RedisStore"]
+
+#: frame requests a run's connection keeps ahead of the frame being received
+_AHEAD = 2
 
 _LANES: ThreadPoolExecutor | None = None
 _LANES_LOCK = threading.Lock()
@@ -250,95 +261,139 @@ class RedisStore(StateStore, BlobStore):
         assembler.placed(len(keys))
         return StoredState(manifest, assembler.result(), accepted)
 
-    def receive_into(self, key: str, acceptance: Acceptance[Any], pieces: Sequence[memoryview],
-                     deadline: Deadline | None = None) -> bool:
-        """Read the state under `key` through `acceptance`'s manifest check, its payload received
-        straight into `pieces` (byte views filled in order, exactly the payload's size) and each
-        chunk checked where it lies; False if the state (or a frame) is absent, else the
-        `StateError` that says why not. Runs in the caller's thread, never abandoned: every socket
-        wait is bounded by `deadline`, so nothing writes into `pieces` once this returns. What
-        `pieces` hold after a failure is undefined. Needs the direct wire and a payload checked in
-        place (keyed tags or SHA-256, not sealed): else `StoreError` (read it with `fetch`)."""
-        if self.frame_pool is None:
-            raise StoreError(f"{public_url(self.url)} reads through redis-py (wire=client): use fetch")
-        what = f"reading {key[:12]} from {self.url}"
-        try:
-            # the frame table writes nothing into `pieces`: a read of it past the deadline is left behind
-            frame_table = self.guarded(lambda: self.get_frame_table(key), deadline, what)
-            if frame_table is None:
-                return False
-            manifest = frame_table.manifest.encode()
-            chunking = acceptance.manifest(manifest, self).chunking
-            if chunking is None:
-                raise IntegrityError(f"state {key[:12]}: its manifest names no payload checks")
-            if (frame_table.payload_bytes, frame_table.frame_bytes, list(frame_table.frames)) != (
-                chunking.size, chunking.chunk_bytes, list(chunking.chunks)
-            ):
-                raise IntegrityError(f"state {key[:12]}: its frame table does not list the manifest's chunks")
-            if sum(len(piece) for piece in pieces) != chunking.size:
-                raise IntegrityError(f"state {key[:12]} is {chunking.size} bytes, not the {sum(map(len, pieces))} "
-                                     "bytes it is read into")
-            opener = chunking.chunk_opener
-            if not opener.in_place:
-                raise StoreError(f"state {key[:12]} is sealed: its chunks open into a buffer of their own (use fetch)")
-            return self._receive(self._fkeys(key, frame_table), frame_table, opener, pieces, deadline, what)
-        except StateError as e:
-            e.located(key, self.url)
-            raise
-        except UNTRUSTED_PARSE_ERRORS as e:
-            raise IntegrityError(f"state {key[:12]} in {self.url} does not parse: {type(e).__name__}: "
-                                 f"{str(e)[:200]}", key=key, tier=self.url) from e
+    def receive_run(self, reads: Sequence[Receive], deadline: Deadline | None = None) -> tuple[int, Exception | None]:
+        """Read a run of states, each through its acceptance's manifest check, their payloads
+        received straight into the caller's memory (`Receive.pieces`) and each chunk checked where
+        it lies: how many landed, from the first, and why the next did not (None: all did). The
+        error is a `StateError` (absent, damaged, foreign, unsigned, the server down or past
+        `deadline`), or a `StoreError` for a state that cannot be received in place (sealed, or its
+        slot moved): read that one with `fetch`. What the pieces of a state that did not land hold
+        is undefined.
 
-    def _receive(self, keys: list[str], frame_table: FrameTable, opener: ChunkOpener, pieces: Sequence[memoryview],
-                 deadline: Deadline | None, what: str) -> bool:
-        """Every frame asked for at once on one connection of our own, received in order, each
-        checked on the hashing threads while the next one arrives."""
-        assert self.frame_pool is not None
-        pool = self.frame_pool
-        if not keys:
-            return True
-        host, port = self._node_of(keys[0])
-        connection = pool.take(host, port)
-        healthy, checks = False, []
+        Every frame table comes in one round trip, then every frame, in order, over one connection
+        of our own, two requests ahead (the server never idles, nor buffers more than two frames),
+        each checked on the hashing threads while the next arrives. It runs in the caller's thread
+        and every socket wait is bounded by `deadline`: nothing writes into (or reads) the pieces
+        once it returns."""
+        if self.frame_pool is None:
+            return 0, StoreError(f"{public_url(self.url)} reads through redis-py (wire=client): use fetch")
+        if not reads:
+            return 0, None
+        what = f"reading {len(reads)} states from {self.url}"
         try:
+            # frame tables write nothing into the pieces: a read of them past the deadline is left behind
+            tables = self.guarded(lambda: self._call("GET frame tables", self._frame_tables, [r.key for r in reads]),
+                                  deadline, what)
+        except StateError as e:
+            return 0, e.located(reads[0].key, self.url)
+        planned: list[tuple[Receive, FrameTable, ChunkOpener]] = []
+        stop: Exception | None = None
+        for read, raw in zip(reads, tables):
             try:
-                connection.ask(*keys)
+                planned.append((read, *self._accepted(read, raw)))
+            except StateError as e:
+                stop = e.located(read.key, self.url)
+                break
+            except StoreError as e:
+                stop = e
+                break
+            except UNTRUSTED_PARSE_ERRORS as e:
+                stop = IntegrityError(f"state {read.key[:12]} in {self.url} does not parse: {type(e).__name__}: "
+                                      f"{str(e)[:200]}", key=read.key, tier=self.url)
+                break
+        landed, error = self._receive(planned, deadline, what)
+        return landed, error if error is not None else stop
+
+    def _frame_tables(self, keys: list[str]) -> list[bytes | None]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(self._mkey(key))
+        return list(pipe.execute())
+
+    def _accepted(self, read: Receive, raw: bytes | None) -> tuple[FrameTable, ChunkOpener]:
+        """The frame table and chunk check of one state to receive, its manifest accepted."""
+        if raw is None:
+            raise StateNotFoundError(f"no state {read.key[:12]} in {self.url}")
+        frame_table = parse_frame_table(raw)
+        chunking = read.acceptance.manifest(frame_table.manifest.encode(), self).chunking
+        if chunking is None:
+            raise IntegrityError(f"state {read.key[:12]}: its manifest names no payload checks")
+        if (frame_table.payload_bytes, frame_table.frame_bytes, list(frame_table.frames)) != (
+            chunking.size, chunking.chunk_bytes, list(chunking.chunks)
+        ):
+            raise IntegrityError(f"state {read.key[:12]}: its frame table does not list the manifest's chunks")
+        size = sum(len(piece) for piece in read.pieces)
+        if size != chunking.size:
+            raise IntegrityError(f"state {read.key[:12]} is {chunking.size} bytes, not the {size} bytes it is read into")
+        if not chunking.chunk_opener.in_place:
+            raise StoreError(f"state {read.key[:12]} is sealed: its chunks open into a buffer of their own (use fetch)")
+        return frame_table, chunking.chunk_opener
+
+    def _receive(self, planned: list[tuple[Receive, FrameTable, ChunkOpener]], deadline: Deadline | None,
+                 what: str) -> tuple[int, Exception | None]:
+        """The frames of the planned states, received in order (see `receive_run`)."""
+        assert self.frame_pool is not None
+        frames = [(state, index, name, spans(read.pieces, index * table.frame_bytes,
+                                             index * table.frame_bytes + table.frame_length(index)))
+                  for state, (read, table, _) in enumerate(planned)
+                  for index, name in enumerate(self._fkeys(read.key, table))]
+        if not frames:
+            return len(planned), None
+        pool, timeout = self.frame_pool, self.frame_pool.options.get("timeout", 5.0)
+        host, port = self._node_of(frames[0][2])
+        connection = pool.take(host, port)
+        checks: list[tuple[int, Future[bool]]] = []
+        arrived, error, healthy = 0, None, False  # arrived: states whose every frame arrived
+        try:
+            asked = min(_AHEAD, len(frames))
+            try:
+                connection.ask(*(name for _, _, name, _ in frames[:asked]))
             except StoreError:
                 if not connection.reused:
                     raise
                 connection.close()  # a pooled connection the server closed since (a restart): one fresh one, once
                 connection = pool.connect(host, port)
-                connection.ask(*keys)
-            for index in range(len(keys)):
+                connection.ask(*(name for _, _, name, _ in frames[:asked]))
+            for at, (state, index, _, pieces) in enumerate(frames):
+                if asked < len(frames):
+                    connection.ask(frames[asked][2])
+                    asked += 1
                 if deadline is not None:
                     if deadline.expired:
                         raise StoreTimeoutError(f"{what}: no answer within the request's {deadline.seconds:g} s deadline")
-                    connection.sock.settimeout(min(pool.options.get("timeout", 5.0), max(deadline.remaining(), 1e-3)))
-                start = index * frame_table.frame_bytes
-                frame = spans(pieces, start, start + frame_table.frame_length(index))
-                if not connection.reply_into(frame):
-                    return False  # evicted since its frame table was read: a miss (the connection closes)
-                checks.append((index, hash_pool().submit(opener.check, index, frame)))
-            healthy = True
+                    connection.sock.settimeout(min(timeout, max(deadline.remaining(), 1e-3)))
+                if not connection.reply_into(pieces):  # evicted since its frame table was read: a miss
+                    error = StateNotFoundError(f"a frame of state {planned[state][0].key[:12]} is gone from {self.url}")
+                    break
+                checks.append((state, hash_pool().submit(planned[state][2].check, index, pieces)))
+                if at + 1 == len(frames) or frames[at + 1][0] != state:
+                    arrived = state + 1
+            healthy = error is None
+        except (StoreTimeoutError, IntegrityError, RedirectError) as e:
+            error = e
         except StoreError as e:
-            if isinstance(e, (StoreTimeoutError, RedirectError)):
-                raise
             if deadline is not None and deadline.expired:
-                raise StoreTimeoutError(f"{what}: no answer within the request's {deadline.seconds:g} s deadline") from e
-            self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")
-            raise StoreUnavailableError(str(e), tier=self.url) from e
-        finally:
-            # every check waited for before this returns: none reads `pieces` afterwards
-            failed = [index for index, check in checks if not check.result()]
-            if healthy:
-                connection.sock.settimeout(pool.options.get("timeout", 5.0))
-                pool.give(host, port, connection)
+                error = StoreTimeoutError(f"{what}: no answer within the request's {deadline.seconds:g} s deadline")
             else:
+                self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")
+                error = StoreUnavailableError(str(e), tier=self.url)
+        finally:
+            # every check waited for before this returns: none reads the pieces afterwards
+            failed = [state for state, check in checks if not check.result()]
+            if healthy:
+                connection.sock.settimeout(timeout)
+                pool.give(host, port, connection)
+            else:  # replies may still be on their way: the connection's place in the stream is unknown
                 connection.close()
-        if failed:
-            raise IntegrityError(f"frame {failed[0]} does not pass its {opener.name} check")
-        answered(self.url)
-        return True
+        landed = min([arrived, *failed])
+        if failed and failed[0] == landed:
+            key = planned[landed][0].key
+            error = IntegrityError(f"state {key[:12]}: a frame does not pass its {planned[landed][2].name} check")
+        if error is None:
+            answered(self.url)
+        elif landed < len(planned) and isinstance(error, StateError):
+            error.located(planned[landed][0].key, self.url)
+        return landed, error
 
     def _node_of(self, name: str) -> tuple[str, int]:
         """The server that holds `name`: the URL's, or the cluster node that serves its slot."""
