@@ -36,6 +36,26 @@ def test_deposit_and_restore_through_the_cluster_survive_a_master_restart(redis_
     assert after.receipt.first_token_logits_sha256 == reference.receipt.first_token_logits_sha256
 
 
+def test_a_run_of_paged_blocks_spread_over_the_masters_lands_bit_for_bit(redis_cluster):
+    import torch
+
+    from kvrag.paged import BlockEngine, BlockLayer, BlockStore
+    from kvrag.stores import open_store
+
+    store = open_store(f"{redis_cluster.url}?frame_mib=0.01")
+    blocks = BlockStore(store, BlockEngine({"layout": "BHTC"}), b"k" * 32)
+    chain = blocks.chain(list(range(96)), 16)
+    cache = [torch.randn(12, 2, 16, 64, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    for index, block in enumerate(chain):
+        blocks.save(block, [layer[index] for layer in cache])
+    assert len({_node_index(redis_cluster, store, b.key) for b in chain}) > 1
+    assert blocks.held(chain) == 6
+    layers = [BlockLayer.of(str(i), layer[0]) for i, layer in enumerate(cache)]
+    run = blocks.load_run(chain, [[layer[6 + i] for layer in cache] for i in range(6)], layers)
+    assert run.error is None and run.landed == 6 and sum(run.tiers.values()) == 6
+    assert all(torch.equal(layer[6 + i], layer[i]) for layer in cache for i in range(6))
+
+
 @pytest.mark.slow
 def test_a_state_larger_than_100_mb_through_the_cluster(redis_cluster, smollm2):
     engine = KVEngine(smollm2, redis_cluster.url)

@@ -301,8 +301,25 @@ class RedisStore(StateStore, BlobStore):
                 stop = IntegrityError(f"state {read.key[:12]} in {self.url} does not parse: {type(e).__name__}: "
                                       f"{str(e)[:200]}", key=read.key, tier=self.url)
                 break
-        landed, error = self._receive(planned, deadline, what)
+        landed, error = 0, None
+        for group in self._by_node(planned):
+            done, error = self._receive(group, deadline, what)
+            landed += done
+            if error is not None:
+                break
         return landed, error if error is not None else stop
+
+    def _by_node(self, planned: list[tuple[Receive, FrameTable, ChunkOpener]]) -> list[list[tuple[Receive, FrameTable, ChunkOpener]]]:
+        """The planned states in runs that one server holds (a cluster spreads them over its nodes)."""
+        groups: list[list[tuple[Receive, FrameTable, ChunkOpener]]] = []
+        last = None
+        for item in planned:
+            node = self._node_of(self._mkey(item[0].key)) if self.cluster else self._node
+            if not groups or node != last:
+                groups.append([])
+            groups[-1].append(item)
+            last = node
+        return groups
 
     def _frame_tables(self, keys: list[str]) -> list[bytes | None]:
         pipe = self.client.pipeline(transaction=False)
