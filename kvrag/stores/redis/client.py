@@ -12,40 +12,33 @@ import json
 import re
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
-from kvrag.artifacts.digests import ChunkOpener, hash_pool, spans, stored_form
+from kvrag.artifacts.digests import stored_form
 from kvrag.artifacts.format import parse_manifest
 from kvrag.errors import (
     IntegrityError,
     RedirectError,
-    StateError,
-    StateNotFoundError,
     StoreError,
-    StoreTimeoutError,
     StoreUnavailableError,
 )
 from kvrag.stores.base import (
-    UNTRUSTED_PARSE_ERRORS,
     BlobStore,
     ManifestAcceptance,
-    Receive,
     StateStore,
     StoredState,
     check_blob_name,
     check_key,
 )
-from kvrag.stores.deadline import Breaker, Deadline
+from kvrag.stores.deadline import Breaker
 from kvrag.stores.outages import answered, public_url
 from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameTable, make_frame_table, parse_frame_table
+from kvrag.stores.redis.runs import RunReads
 from kvrag.stores.redis.wire import FramePool
 
 __all__ = ["RedisStore"]
-
-#: frame requests a run's connection keeps ahead of the frame being received
-_AHEAD = 2
 
 _LANES: ThreadPoolExecutor | None = None
 _LANES_LOCK = threading.Lock()
@@ -82,7 +75,7 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
             redis.exceptions.ClusterError, OSError)
 
 
-class RedisStore(StateStore, BlobStore):
+class RedisStore(RunReads, StateStore, BlobStore):
     """A tier on one Redis server or a Redis Cluster. The client is created on first use."""
 
     def __init__(
@@ -261,157 +254,6 @@ class RedisStore(StateStore, BlobStore):
         assembler.placed(len(keys))
         return StoredState(manifest, assembler.result(), accepted)
 
-    def receive_run(self, reads: Sequence[Receive], deadline: Deadline | None = None) -> tuple[int, Exception | None]:
-        """Read a run of states, each through its acceptance's manifest check, their payloads
-        received straight into the caller's memory (`Receive.pieces`) and each chunk checked where
-        it lies: how many landed, from the first, and why the next did not (None: all did). The
-        error is a `StateError` (absent, damaged, foreign, unsigned, the server down or past
-        `deadline`), or a `StoreError` for a state that cannot be received in place (sealed, or its
-        slot moved): read that one with `fetch`. What the pieces of a state that did not land hold
-        is undefined.
-
-        Every frame table comes in one round trip, then every frame, in order, over one connection
-        of our own, two requests ahead (the server never idles, nor buffers more than two frames),
-        each checked on the hashing threads while the next arrives. It runs in the caller's thread
-        and every socket wait is bounded by `deadline`: nothing writes into (or reads) the pieces
-        once it returns."""
-        if self.frame_pool is None:
-            return 0, StoreError(f"{public_url(self.url)} reads through redis-py (wire=client): use fetch")
-        if not reads:
-            return 0, None
-        what = f"reading {len(reads)} states from {self.url}"
-        try:
-            # frame tables write nothing into the pieces: a read of them past the deadline is left behind
-            tables = self.guarded(lambda: self._call("GET frame tables", self._frame_tables, [r.key for r in reads]),
-                                  deadline, what)
-        except StateError as e:
-            return 0, e.located(reads[0].key, self.url)
-        planned: list[tuple[Receive, FrameTable, ChunkOpener]] = []
-        stop: Exception | None = None
-        for read, raw in zip(reads, tables):
-            try:
-                planned.append((read, *self._accepted(read, raw)))
-            except StateError as e:
-                stop = e.located(read.key, self.url)
-                break
-            except StoreError as e:
-                stop = e
-                break
-            except UNTRUSTED_PARSE_ERRORS as e:
-                stop = IntegrityError(f"state {read.key[:12]} in {self.url} does not parse: {type(e).__name__}: "
-                                      f"{str(e)[:200]}", key=read.key, tier=self.url)
-                break
-        landed, error = 0, None
-        for group in self._by_node(planned):
-            done, error = self._receive(group, deadline, what)
-            landed += done
-            if error is not None:
-                break
-        return landed, error if error is not None else stop
-
-    def _by_node(self, planned: list[tuple[Receive, FrameTable, ChunkOpener]]) -> list[list[tuple[Receive, FrameTable, ChunkOpener]]]:
-        """The planned states in runs that one server holds (a cluster spreads them over its nodes)."""
-        groups: list[list[tuple[Receive, FrameTable, ChunkOpener]]] = []
-        last = None
-        for item in planned:
-            node = self._node_of(self._mkey(item[0].key)) if self.cluster else self._node
-            if not groups or node != last:
-                groups.append([])
-            groups[-1].append(item)
-            last = node
-        return groups
-
-    def _frame_tables(self, keys: list[str]) -> list[bytes | None]:
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(self._mkey(key))
-        return list(pipe.execute())
-
-    def _accepted(self, read: Receive, raw: bytes | None) -> tuple[FrameTable, ChunkOpener]:
-        """The frame table and chunk check of one state to receive, its manifest accepted."""
-        if raw is None:
-            raise StateNotFoundError(f"no state {read.key[:12]} in {self.url}")
-        frame_table = parse_frame_table(raw)
-        chunking = read.acceptance.manifest(frame_table.manifest.encode(), self).chunking
-        if chunking is None:
-            raise IntegrityError(f"state {read.key[:12]}: its manifest names no payload checks")
-        if (frame_table.payload_bytes, frame_table.frame_bytes, list(frame_table.frames)) != (
-            chunking.size, chunking.chunk_bytes, list(chunking.chunks)
-        ):
-            raise IntegrityError(f"state {read.key[:12]}: its frame table does not list the manifest's chunks")
-        size = sum(len(piece) for piece in read.pieces)
-        if size != chunking.size:
-            raise IntegrityError(f"state {read.key[:12]} is {chunking.size} bytes, not the {size} bytes it is read into")
-        if not chunking.chunk_opener.in_place:
-            raise StoreError(f"state {read.key[:12]} is sealed: its chunks open into a buffer of their own (use fetch)")
-        return frame_table, chunking.chunk_opener
-
-    def _receive(self, planned: list[tuple[Receive, FrameTable, ChunkOpener]], deadline: Deadline | None,
-                 what: str) -> tuple[int, Exception | None]:
-        """The frames of the planned states, received in order (see `receive_run`)."""
-        assert self.frame_pool is not None
-        frames = [(state, index, name, spans(read.pieces, index * table.frame_bytes,
-                                             index * table.frame_bytes + table.frame_length(index)))
-                  for state, (read, table, _) in enumerate(planned)
-                  for index, name in enumerate(self._fkeys(read.key, table))]
-        if not frames:
-            return len(planned), None
-        pool, timeout = self.frame_pool, self.frame_pool.options.get("timeout", 5.0)
-        host, port = self._node_of(frames[0][2])
-        connection = pool.take(host, port)
-        checks: list[tuple[int, Future[bool]]] = []
-        arrived, error, healthy = 0, None, False  # arrived: states whose every frame arrived
-        try:
-            asked = min(_AHEAD, len(frames))
-            try:
-                connection.ask(*(name for _, _, name, _ in frames[:asked]))
-            except StoreError:
-                if not connection.reused:
-                    raise
-                connection.close()  # a pooled connection the server closed since (a restart): one fresh one, once
-                connection = pool.connect(host, port)
-                connection.ask(*(name for _, _, name, _ in frames[:asked]))
-            for at, (state, index, _, pieces) in enumerate(frames):
-                if asked < len(frames):
-                    connection.ask(frames[asked][2])
-                    asked += 1
-                if deadline is not None:
-                    if deadline.expired:
-                        raise StoreTimeoutError(f"{what}: no answer within the request's {deadline.seconds:g} s deadline")
-                    connection.sock.settimeout(min(timeout, max(deadline.remaining(), 1e-3)))
-                if not connection.reply_into(pieces):  # evicted since its frame table was read: a miss
-                    error = StateNotFoundError(f"a frame of state {planned[state][0].key[:12]} is gone from {self.url}")
-                    break
-                checks.append((state, hash_pool().submit(planned[state][2].check, index, pieces)))
-                if at + 1 == len(frames) or frames[at + 1][0] != state:
-                    arrived = state + 1
-            healthy = error is None
-        except (StoreTimeoutError, IntegrityError, RedirectError) as e:
-            error = e
-        except StoreError as e:
-            if deadline is not None and deadline.expired:
-                error = StoreTimeoutError(f"{what}: no answer within the request's {deadline.seconds:g} s deadline")
-            else:
-                self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")
-                error = StoreUnavailableError(str(e), tier=self.url)
-        finally:
-            # every check waited for before this returns: none reads the pieces afterwards
-            failed = [state for state, check in checks if not check.result()]
-            if healthy:
-                connection.sock.settimeout(timeout)
-                pool.give(host, port, connection)
-            else:  # replies may still be on their way: the connection's place in the stream is unknown
-                connection.close()
-        landed = min([arrived, *failed])
-        if failed and failed[0] == landed:
-            key = planned[landed][0].key
-            error = IntegrityError(f"state {key[:12]}: a frame does not pass its {planned[landed][2].name} check")
-        if error is None:
-            answered(self.url)
-        elif landed < len(planned) and isinstance(error, StateError):
-            error.located(planned[landed][0].key, self.url)
-        return landed, error
-
     def _node_of(self, name: str) -> tuple[str, int]:
         """The server that holds `name`: the URL's, or the cluster node that serves its slot."""
         if not self.cluster:
@@ -428,41 +270,6 @@ class RedisStore(StateStore, BlobStore):
             return False
         keys = self._fkeys(key, frame_table)  # one slot (the {key} hash tag): one EXISTS, one round trip
         return not keys or self._call("EXISTS", lambda: self.client.exists(*keys)) == len(keys)
-
-    def holds_run(self, keys: Sequence[str], deadline: Deadline | None = None) -> int:
-        """`holds` for a run of states in two round trips: every frame table, then every frame's
-        presence (pipelined; a cluster's pipeline sends each node its share)."""
-        def run() -> int:
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.get(self._mkey(key))
-            tables = pipe.execute()
-            frames: list[list[str]] = []
-            for key, raw in zip(keys, tables):
-                try:
-                    table = None if raw is None else parse_frame_table(raw)
-                except IntegrityError:  # a frame table that does not parse holds nothing
-                    break
-                if table is None or table.payload_bytes > self.max_state_bytes:
-                    break
-                frames.append(self._fkeys(key, table))
-            pipe = self.client.pipeline(transaction=False)
-            for names in frames:
-                if names:
-                    pipe.exists(*names)
-            present = iter(pipe.execute())
-            for count, names in enumerate(frames):
-                if names and next(present) != len(names):
-                    return count
-            return len(frames)
-
-        if not keys:
-            return 0
-        try:
-            return self.guarded(lambda: self._call("GET frame tables", run), deadline,
-                                f"checking {len(keys)} states in {self.url}")
-        except (StoreError, StateError, *UNTRUSTED_PARSE_ERRORS):
-            return 0
 
     def put(self, key: str, manifest: bytes, payload: Any) -> None:
         # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.
