@@ -126,8 +126,12 @@ class RunReads:
                 stop = IntegrityError(f"state {read.key[:12]} in {self.url} does not parse: {type(e).__name__}: "
                                       f"{str(e)[:200]}", key=read.key, tier=self.url)
                 break
+        try:
+            groups = self._by_node(planned)
+        except StoreError as e:  # the cluster's slot map could not be read: none is received in place
+            return 0, e.located(reads[0].key, self.url) if isinstance(e, StateError) else e
         landed, error = 0, None
-        for group in self._by_node(planned):
+        for group in groups:
             done, error = self._receive(group, deadline, what)
             landed += done
             if error is not None:
