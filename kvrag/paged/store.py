@@ -199,9 +199,10 @@ class BlockStore:
                 reads = [Receive(b.key, _Acceptance(self._key, self.engine, b, layers), v)
                          for b, v in zip(blocks[at : at + inplace], views[at : at + inplace])]
                 landed, error = receive(reads, deadline)
-                with self._lock:
-                    self.stats.loaded[self.store.url] += landed
-                run.tiers[self.store.url] += landed
+                if landed:
+                    with self._lock:
+                        self.stats.loaded[self.store.url] += landed
+                    run.tiers[self.store.url] += landed
                 at += landed
                 if isinstance(error, StateError):
                     with self._lock:
