@@ -35,11 +35,15 @@ def answer(reply: bytes, close: bool = True) -> tuple[FrameConnection, threading
     return FrameConnection(ours), thread
 
 
-def read(reply: bytes, close: bool = True) -> tuple[object, bytearray]:
+def read(reply: bytes, close: bool = True, cuts: list[int] | None = None) -> tuple[object, bytearray]:
+    """The outcome of reading `reply` into a frame's slot (cut into pieces at `cuts`, filled in
+    order), and the buffer around it."""
     buffer = bytearray(b"\xee" * (FRAME + 16))
+    view, edges = memoryview(buffer), [0, *sorted(set(c for c in cuts or [] if 0 < c < FRAME)), FRAME]
+    pieces = [view[a:b] for a, b in zip(edges, edges[1:])]
     connection, thread = answer(reply, close)
     try:
-        outcome: object = connection.get_into("k", memoryview(buffer)[:FRAME])
+        outcome: object = connection.get_into("k", pieces[0] if cuts is None else pieces)
     except (IntegrityError, StoreError) as e:
         outcome = type(e)
     finally:
@@ -99,28 +103,12 @@ def test_a_cluster_redirection_is_its_own_error():
         thread.join(2)
 
 
-def read_scattered(reply: bytes, cuts: list[int]) -> tuple[object, bytearray]:
-    """`read`, the frame received into pieces of the buffer cut at `cuts` (each piece in order)."""
-    buffer = bytearray(b"\xee" * (FRAME + 16))
-    view, edges = memoryview(buffer), [0, *sorted(set(c for c in cuts if 0 < c < FRAME)), FRAME]
-    pieces = [view[a:b] for a, b in zip(edges, edges[1:])]
-    connection, thread = answer(reply)
-    try:
-        outcome: object = connection.get_into("k", pieces)
-    except (IntegrityError, StoreError) as e:
-        outcome = type(e)
-    finally:
-        connection.close()
-        thread.join(2)
-    return outcome, buffer
-
-
 @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(0, FRAME), max_size=6),
        st.binary(min_size=FRAME, max_size=FRAME) | st.binary(max_size=FRAME + 8))
 def test_a_frame_received_in_pieces_fills_them_in_order_or_is_a_typed_error(cuts, body):
     reply = b"$%d\r\n" % len(body) + body + b"\r\n"
-    outcome, buffer = read_scattered(reply, cuts)
+    outcome, buffer = read(reply, cuts=cuts)
     assert bytes(buffer[FRAME:]) == b"\xee" * 16  # never past the pieces
     if len(body) == FRAME:
         assert outcome is True and bytes(buffer[:FRAME]) == body

@@ -26,13 +26,6 @@ ENGINE = BlockEngine({"vllm": "0.32.0", "model": "m", "block_size": "16", "layou
 FRAME_MIB = 1
 
 
-@pytest.fixture
-def server(tmp_path):
-    started = RedisServer(tmp_path / "redis").start()
-    yield started
-    started.stop()
-
-
 def _cache(dtype: torch.dtype = torch.float32, blocks: int = 6) -> list[torch.Tensor]:
     """Three layers of a paged cache laid out as vLLM's CPU backend lays it (block, head, token, 2 x head size)."""
     gen = torch.Generator().manual_seed(0)
