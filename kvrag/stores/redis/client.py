@@ -19,7 +19,6 @@ from typing import Any, Callable, Iterator
 from kvrag.artifacts.digests import stored_form
 from kvrag.artifacts.format import parse_manifest
 from kvrag.errors import (
-    IntegrityError,
     RedirectError,
     StoreError,
     StoreUnavailableError,
@@ -178,10 +177,7 @@ class RedisStore(RunReads, StateStore, BlobStore):
         # (A raw read with no check, for tools, takes the frame table's chunking, bounded by max_state_bytes.)
         if accept is not None:
             vouched = accepted.chunking if accepted is not None and accepted.chunking else parse_manifest(manifest).chunking
-            if (frame_table.payload_bytes, frame_table.frame_bytes, list(frame_table.frames)) != (
-                vouched.size, vouched.chunk_bytes, list(vouched.chunks)
-            ):
-                raise IntegrityError(f"state {key[:12]}: its frame table does not list the manifest's chunks")
+            frame_table.check_lists(vouched, key)
         keys = self._fkeys(key, frame_table)
         chunking = accepted.chunking if accepted is not None else None
         assembler = Assembler(frame_table, self.max_state_bytes, chunking)

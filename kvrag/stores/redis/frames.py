@@ -60,6 +60,14 @@ class FrameTable(BaseModel):
     def frame_length(self, index: int) -> int:
         return min(self.frame_bytes, self.payload_bytes - index * self.frame_bytes)
 
+    def check_lists(self, chunking: PayloadChunking, key: str) -> None:
+        """Refuse (`IntegrityError`) a frame table that lists anything but exactly the signed
+        manifest's chunks: checked before a frame is asked for or a byte allocated."""
+        if (self.payload_bytes, self.frame_bytes, list(self.frames)) != (
+            chunking.size, chunking.chunk_bytes, list(chunking.chunks)
+        ):
+            raise IntegrityError(f"state {key[:12]}: its frame table does not list the manifest's chunks")
+
 
 def make_frame_table(manifest: bytes, payload: bytes | memoryview, frame_bytes: int = DEFAULT_FRAME_BYTES) -> tuple[FrameTable, list[memoryview]]:
     frames = split(payload, frame_bytes)

@@ -164,10 +164,7 @@ class RunReads:
         chunking = read.acceptance.manifest(frame_table.manifest.encode(), self).chunking
         if chunking is None:
             raise IntegrityError(f"state {read.key[:12]}: its manifest names no payload checks")
-        if (frame_table.payload_bytes, frame_table.frame_bytes, list(frame_table.frames)) != (
-            chunking.size, chunking.chunk_bytes, list(chunking.chunks)
-        ):
-            raise IntegrityError(f"state {read.key[:12]}: its frame table does not list the manifest's chunks")
+        frame_table.check_lists(chunking, read.key)
         size = sum(len(piece) for piece in read.pieces)
         if size != chunking.size:
             raise IntegrityError(f"state {read.key[:12]} is {chunking.size} bytes, not the {size} bytes it is read into")

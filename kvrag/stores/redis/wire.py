@@ -31,6 +31,12 @@ _UNAVAILABLE = (b"-LOADING", b"-NOAUTH", b"-BUSY", b"-TRYAGAIN", b"-CLUSTERDOWN"
                 b"-WRONGPASS", b"-NOPERM")
 
 
+def _command(*parts: str) -> bytes:
+    """One Redis command in RESP: an array of bulk strings."""
+    encoded = [p.encode() for p in parts]
+    return b"*%d\r\n" % len(encoded) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in encoded)
+
+
 class FrameConnection:
     """One connection of our own to one Redis server, used only to read frames."""
 
@@ -60,9 +66,7 @@ class FrameConnection:
         return connection
 
     def _send(self, *parts: str) -> None:
-        encoded = [p.encode() for p in parts]
-        message = b"*%d\r\n" % len(encoded) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in encoded)
-        self.sock.sendall(message)
+        self.sock.sendall(_command(*parts))
 
     def _line(self) -> bytes:
         """One CRLF-terminated reply line, without consuming a byte past it (the frame that follows
@@ -102,7 +106,7 @@ class FrameConnection:
     def ask(self, *names: str) -> None:
         """Send `GET name` for each name, pipelined: read the replies in order with `reply_into`."""
         try:
-            self.sock.sendall(b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in map(str.encode, names)))
+            self.sock.sendall(b"".join(_command("GET", name) for name in names))
         except OSError as e:
             raise StoreError(f"asking for a frame failed: {type(e).__name__}: {e}") from e
 
