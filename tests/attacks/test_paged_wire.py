@@ -17,6 +17,7 @@ import torch
 from kvrag.errors import IntegrityError, StateError, StateNotFoundError, StoreUnavailableError
 from kvrag.paged import BlockEngine, BlockLayer, BlockStore
 from kvrag.stores import open_store
+from kvrag.stores.redis import runs
 from kvrag.testing import RedisServer
 
 KEY = b"k" * 32
@@ -24,6 +25,14 @@ ENGINE = BlockEngine({"vllm": "0.32.0", "model": "m", "block_size": "16", "layou
 #: frames of 1 MiB: a block of 3 layers of [4, 16, 1024] float32 (768 KiB) spans... one frame; of
 #: [8, 16, 1024] (1.5 MiB) two, so a frame straddles the layers' tensors
 FRAME_MIB = 1
+
+
+@pytest.fixture(params=["in the reading thread", "on the hashing threads"])
+def checks(request, monkeypatch):
+    """Both ways a run checks its frames (the reading thread on two cores or fewer, else the
+    hashing threads), whatever this machine's cores."""
+    monkeypatch.setattr(runs, "_check_inline", lambda: request.param == "in the reading thread")
+    return request.param
 
 
 def _cache(dtype: torch.dtype = torch.float32, blocks: int = 6) -> list[torch.Tensor]:
@@ -63,7 +72,7 @@ def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_blocks_land_in_the_callers_tensors_bit_for_bit(server, dtype):
+def test_blocks_land_in_the_callers_tensors_bit_for_bit(server, dtype, checks):
     blocks, chain, cache = _setup(server, dtype)
     assert len(_frames(server, chain[0].key)) == (2 if dtype == torch.float32 else 1)
     for index, block in enumerate(chain):
@@ -76,7 +85,7 @@ def test_blocks_land_in_the_callers_tensors_bit_for_bit(server, dtype):
     assert _equal(strided, _views(cache, 1))
 
 
-def test_a_flipped_byte_a_missing_or_resized_frame_and_another_blocks_frame_table_are_refused(server):
+def test_a_flipped_byte_a_missing_or_resized_frame_and_another_blocks_frame_table_are_refused(server, checks):
     blocks, chain, cache = _setup(server)
     client = _client(server)
     first, second = _frames(server, chain[0].key)
@@ -105,7 +114,7 @@ def test_a_flipped_byte_a_missing_or_resized_frame_and_another_blocks_frame_tabl
 
 
 @pytest.mark.parametrize("stall", ["before the frame table", "after the frame table"])
-def test_a_stalled_server_costs_the_deadline_and_nothing_writes_after_it(server, monkeypatch, stall):
+def test_a_stalled_server_costs_the_deadline_and_nothing_writes_after_it(server, monkeypatch, stall, checks):
     blocks, chain, cache = _setup(server)
     target = [torch.zeros(8, 16, 1024) for _ in range(3)]
     pid = server.process.pid
@@ -155,7 +164,7 @@ def test_a_refused_block_says_why_and_loads_again_once_saved_again(server):
 
 
 @pytest.mark.parametrize("damage", ["flipped byte", "no frame table", "a frame gone"])
-def test_a_run_lands_the_blocks_before_the_first_bad_one_and_says_why(server, damage):
+def test_a_run_lands_the_blocks_before_the_first_bad_one_and_says_why(server, damage, checks):
     blocks, chain, cache = _setup(server)
     client = _client(server)
     frame = _frames(server, chain[1].key)[-1]

@@ -11,6 +11,7 @@ undefined, and the caller computes it again.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import Future
 from typing import Any, Sequence
@@ -182,14 +183,15 @@ class RunReads:
                   for index, name in enumerate(self._fkeys(read.key, table))]
         if not frames:
             return len(planned), None
-        pool, timeout = self.frame_pool, self.frame_pool.options.get("timeout", 5.0)
+        frame_pool, timeout = self.frame_pool, self.frame_pool.options.get("timeout", 5.0)
         host, port = self._node_of(frames[0][2])
-        connection = pool.take(host, port)
-        checks: list[tuple[int, Future[bool]]] = []
+        connection = frame_pool.take(host, port)
+        checks: list[tuple[int, bool | Future[bool]]] = []
+        inline = _check_inline()
         arrived, error, healthy = 0, None, False  # arrived: states whose every frame arrived
         try:
             asked = min(_AHEAD, len(frames))
-            connection = _asked(pool, host, port, connection, [name for _, _, name, _ in frames[:asked]])
+            connection = _asked(frame_pool, host, port, connection, [name for _, _, name, _ in frames[:asked]])
             for at, (state, index, _, pieces) in enumerate(frames):
                 if asked < len(frames):
                     connection.ask(frames[asked][2])
@@ -201,7 +203,8 @@ class RunReads:
                 if not connection.reply_into(pieces):  # evicted since its frame table was read: a miss
                     error = StateNotFoundError(f"a frame of state {planned[state][0].key[:12]} is gone from {self.url}")
                     break
-                checks.append((state, hash_pool().submit(planned[state][2].check, index, pieces)))
+                opener = planned[state][2]
+                checks.append((state, opener.check(index, pieces) if inline else hash_pool().submit(opener.check, index, pieces)))
                 if at + 1 == len(frames) or frames[at + 1][0] != state:
                     arrived = state + 1
             healthy = error is None
@@ -215,10 +218,10 @@ class RunReads:
                 error = StoreUnavailableError(str(e), tier=self.url)
         finally:
             # every check waited for before this returns: none reads the pieces afterwards
-            failed = [state for state, check in checks if not check.result()]
+            failed = [state for state, check in checks if not (check if isinstance(check, bool) else check.result())]
             if healthy:
                 connection.sock.settimeout(timeout)
-                pool.give(host, port, connection)
+                frame_pool.give(host, port, connection)
             else:  # replies may still be on their way: the connection's place in the stream is unknown
                 connection.close()
         landed = min([arrived, *failed])
@@ -231,6 +234,12 @@ class RunReads:
             error.located(planned[landed][0].key, self.url)
         return landed, error
 
+
+
+def _check_inline() -> bool:
+    """Whether a run's frames are checked in the reading thread as each lands (still in cache): on
+    two cores or fewer, hashing threads would only take turns with the reader and the server."""
+    return len(os.sched_getaffinity(0)) <= 2
 
 
 def _asked(pool: FramePool, host: str, port: int, connection: FrameConnection, names: list[str]) -> FrameConnection:
