@@ -12,11 +12,11 @@ median of --repeat reads, two ways:
 
 Each row gives the wall time (median) and the CPU time (mean) spent on a read by this process (all
 its threads) and by the Redis server. On a machine whose Redis shares the cores with the reader, a load cannot take
-less wall time than its CPU time divided by the cores. With `--ttft` (a JSON of
-`benchmarks/vllm_connector.py` from the same machine), each size also gets vLLM's warm hit and
-what a hit may add to stay within 1.5x of it.
+less wall time than its CPU time divided by the cores. With `--ttft` (JSONs of
+`benchmarks/vllm_connector.py` from the same machine, one per dtype), each row also gets the Redis
+arm's warm hit, what a hit may add to stay within 1.5x of it, and what the hit added.
 
-    python benchmarks/paged_load.py [--sizes 500,1500,4000] [--dtypes float32,bfloat16] [--repeat 7]
+    python benchmarks/paged_load.py [--sizes 500,1500,4000] [--dtypes float32,bfloat16] [--repeat 7] [--ttft F.json]
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="500,1500,4000", help="prompt sizes in tokens")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeat", type=int, default=7, help="timed reads per row (the median is shown)")
-    parser.add_argument("--ttft", help="a benchmarks/vllm_connector.py JSON from this machine: vLLM's warm hit beside each row")
+    parser.add_argument("--ttft", action="append", default=[],
+                        help="a benchmarks/vllm_connector.py JSON of this machine (one per dtype, repeatable): vLLM's "
+                             "warm hit beside the rows of its dtype")
     parser.add_argument("--json", dest="json_path", default="benchmarks/results/paged_load.json")
     parser.add_argument("--print", dest="print_path", help="print the table of an earlier run's JSON")
     args = parser.parse_args()
@@ -58,8 +60,7 @@ def main() -> None:
     heads = config.get("num_key_value_heads", config["num_attention_heads"])
     head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
     report: dict = {"cpu": _cpu(), "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "rows": []}
-    if args.ttft:
-        report["ttft"] = json.loads(Path(args.ttft).read_text())
+    report["ttft"] = [json.loads(Path(path).read_text()) for path in args.ttft]
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
         try:
@@ -138,12 +139,12 @@ def _process_cpu(pid: int) -> float:
 
 def print_table(report: dict) -> None:
     cores = report["cores"]
-    warm = _warm_hits(report.get("ttft"))
+    warm = {k: v for ttft in report.get("ttft", []) for k, v in _warm_hits(ttft).items()}
     print(f"{report['cpu']}, {cores} cores, {report['date']}; wall: median of the reads, CPU: mean\n")
     head = ("| dtype | prompt tokens | blocks | MB | frames: wall | Redis CPU | reader CPU | load: wall | Redis CPU | "
             "reader CPU | load CPU / cores |")
     if warm:
-        head += " vLLM warm hit (ttft file) | 1.5x allows |"
+        head += " vLLM warm hit | 1.5x allows | connector hit from Redis | it adds |"
     print(head)
     print("|" + "---|" * 2 + "---:|" * (head.count("|") - 3))
     for row in report["rows"]:
@@ -153,17 +154,18 @@ def print_table(report: dict) -> None:
                  f"{load['wall_ms']:.0f} ms", f"{load['redis_cpu_ms']:.0f} ms", f"{load['cpu_ms']:.0f} ms",
                  f"{(load['redis_cpu_ms'] + load['cpu_ms']) / cores:.0f} ms"]
         if warm:
-            hit = warm.get((row["dtype"], row["tokens"]))
-            cells += [f"{hit:.0f} ms", f"+{hit / 2:.0f} ms"] if hit else ["-", "-"]
+            pair = warm.get((row["dtype"], row["tokens"]))
+            cells += ([f"{pair[0]:.0f} ms", f"+{pair[0] / 2:.0f} ms", f"{pair[1]:.0f} ms", f"+{pair[1] - pair[0]:.0f} ms"]
+                      if pair else ["-"] * 4)
         print("| " + " | ".join(cells) + " |")
 
 
-def _warm_hits(ttft: dict | None) -> dict[tuple[str, int], float]:
-    """(dtype, tokens) -> the warm hit beside the Redis arm's hit, from a vllm_connector JSON."""
-    if not ttft or "redis" not in ttft.get("ttft", {}):
+def _warm_hits(ttft: dict) -> dict[tuple[str, int], tuple[float, float]]:
+    """(dtype, tokens) -> the Redis arm's warm hit and connector hit, from a vllm_connector JSON."""
+    if "redis" not in ttft.get("ttft", {}):
         return {}
     dtype = ttft.get("ttft_dtype", "float32")
-    return {(dtype, int(row["size"])): row["warm"] for row in ttft["ttft"]["redis"]["rows"]}
+    return {(dtype, int(row["size"])): (row["warm"], row["hit"]) for row in ttft["ttft"]["redis"]["rows"]}
 
 
 def _cpu() -> str:
