@@ -32,6 +32,17 @@ def test_each_ttft_table_row_is_the_scripts_row_of_its_raw_file():
         assert rows and all(row in page for row in rows), name
 
 
+def test_the_load_table_is_the_scripts_table_of_its_raw_file():
+    spec = importlib.util.spec_from_file_location("paged_load_bench", ROOT / "benchmarks" / "paged_load.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        script.print_table(json.loads((RESULTS / "paged_load.json").read_text()))
+    rows = [line for line in printed.getvalue().splitlines() if line.startswith("| ")]
+    assert len(rows) == 7 and all(row in PAGE.read_text() for row in rows)
+
+
 def test_every_raw_file_the_page_names_exists():
-    for name in re.findall(r"`(?:benchmarks/results/)?(vllm_connector[\w]*\.json)`", PAGE.read_text()):
+    for name in re.findall(r"`(?:benchmarks/results/)?((?:vllm_connector|paged_load)[\w]*\.json)`", PAGE.read_text()):
         assert (RESULTS / name).is_file(), name
