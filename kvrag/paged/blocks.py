@@ -125,13 +125,14 @@ def parse_block_manifest(raw: bytes) -> BlockManifest:
 
 def block_payload(tensors: Sequence[torch.Tensor]) -> tuple[bytearray, list[BlockLayer]]:
     """One block's tensors (one per layer, in order) as one buffer, and the layers that lay it out."""
-    layers, parts = [], []
-    for index, tensor in enumerate(tensors):
-        tensor = tensor.detach().contiguous().cpu()
-        layers.append(BlockLayer.of(str(index), tensor))
-        parts.append(tensor.reshape(-1).view(torch.uint8))
-    flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-    return bytearray(flat.numpy()), layers
+    layers = [BlockLayer.of(str(index), tensor) for index, tensor in enumerate(tensors)]
+    payload = bytearray(sum(layer.bytes for layer in layers))
+    if payload:  # each layer copied once, straight into the payload
+        flat, at = torch.frombuffer(payload, dtype=torch.uint8), 0
+        for layer, tensor in zip(layers, tensors):
+            flat[at : at + layer.bytes].view(tensor.dtype).view(tensor.shape).copy_(tensor.detach())
+            at += layer.bytes
+    return payload, layers
 
 
 def block_tensors(plain: Any, manifest: BlockManifest) -> list[torch.Tensor]:

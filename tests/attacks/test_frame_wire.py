@@ -128,3 +128,55 @@ def test_pipelined_replies_each_land_in_their_own_target():
     finally:
         connection.close()
         thread.join(2)
+
+
+def write(reply: bytes, count: int = 2) -> object:
+    """The outcome of writing `count` small frames to a peer that takes the whole request, checks
+    it is those SETs in RESP, then answers `reply` and closes."""
+    items = [(f"f{i}", bytes([i]) * 8) for i in range(count)]
+    request = b"".join(b"*5\r\n$3\r\nSET\r\n$2\r\n%s\r\n$8\r\n%s\r\n$2\r\nEX\r\n$2\r\n60\r\n" % (n.encode(), v)
+                       for n, v in items)
+    ours, theirs = socket.socketpair()
+    ours.settimeout(0.5)
+    received = bytearray()
+
+    def peer() -> None:
+        try:
+            while len(received) < len(request) and (data := theirs.recv(4096)):
+                received.extend(data)
+            theirs.sendall(reply)
+        finally:
+            theirs.close()
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    connection = FrameConnection(ours)
+    try:
+        connection.set_many([(n, memoryview(v)) for n, v in items], ttl=60)
+        return True
+    except (IntegrityError, StoreError) as e:
+        return type(e)
+    finally:
+        connection.close()
+        thread.join(2)
+        assert bytes(received) == request
+
+
+def test_a_frame_write_is_done_only_when_every_frame_is_ok():
+    from kvrag.errors import RedirectError
+    from kvrag.stores.redis.wire import RefusedError
+
+    assert write(b"+OK\r\n+OK\r\n") is True
+    assert write(b"+OK\r\n-OOM command not allowed\r\n") is RefusedError
+    assert write(b"-MOVED 3999 127.0.0.1:7002\r\n+OK\r\n") is RedirectError
+    assert write(b"+OK\r\n") is StoreError  # the server went away before the second answer
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=120) | st.lists(st.sampled_from([b"+OK\r\n", b"-ERR no\r\n", b"+OKAY\r\n", b"$2\r\nOK\r\n",
+                                                          b"-ASK 1 h:1\r\n", b"\r\n"]), max_size=3).map(b"".join))
+def test_any_answer_to_a_frame_write_is_done_or_a_typed_error(reply):
+    outcome = write(reply)
+    assert outcome in (True, StoreError, IntegrityError) or issubclass(outcome, StoreError)
+    if outcome is True:  # what follows is the next command's (a stray reply fails that one, typed)
+        assert reply.startswith(b"+OK\r\n+OK\r\n")

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from kvrag import IntegrityError, KVEngine, MemoryStore, StoreError, open_store
 from kvrag.artifacts.format import parse_manifest
 from kvrag.cli import app
+from kvrag.errors import StoreUnavailableError
 from kvrag.stores import DiskStore, RedisStore, TieredStore
 from kvrag.stores.redis.frames import parse_frame_table
 from kvrag.testing import RedisServer, free_port
@@ -361,5 +362,47 @@ def test_direct_frame_reads_authenticate_and_select_the_database(tmp_path, refer
         wrong = KVEngine(tiny("llama"), f"redis://:wrong@127.0.0.1:{server.port}/2?{FRAME}")
         refused = wrong.generate(QUESTION, states=[DOC_A], max_new_tokens=6, memo=False)
         assert refused.receipt.mode == "text-prefill" and refused.receipt.states[0].reason == "unavailable"
+    finally:
+        server.stop()
+
+
+def _put_raw(store: RedisStore, key: str, payload: bytes, chunk: int = 1 << 20) -> None:
+    store.put(key, json.dumps({"payload_chunk_bytes": chunk}).encode(), payload)
+
+
+def test_frames_are_written_over_the_direct_wire_byte_for_byte_and_a_refused_write_leaves_no_state(tmp_path):
+    """Frames go out from where they lie over kvrag's own connection (with AUTH and SELECT); a
+    server that refuses a frame (out of memory) is up: the write is a plain `StoreError`, the
+    breaker stays closed, and no frame table is written, so readers see a miss, never half a state."""
+    server = RedisServer(tmp_path / "oom", password="pw",
+                         extra=("--maxmemory", "8mb", "--maxmemory-policy", "noeviction")).start()
+    try:
+        store = open_store(f"redis://:pw@127.0.0.1:{server.port}/3")
+        assert store.frame_pool is not None
+        small, large = bytes(range(256)) * 9000, bytes(range(255, -1, -1)) * 40000  # 2.3 MB in 3 frames, 10 MB
+        _put_raw(store, "a" * 64, small)
+        raw = redis_py.Redis(port=server.port, password="pw", db=3)
+        table = parse_frame_table(raw.get(f"kvrag:{{{'a' * 64}}}:m"))
+        assert b"".join(raw.get(f"kvrag:{{{'a' * 64}}}:f:{table.payload_id}:{i}") for i in range(3)) == small
+        with pytest.raises(StoreError) as refused:
+            _put_raw(store, "b" * 64, large)
+        assert not isinstance(refused.value, StoreUnavailableError) and "OOM" in str(refused.value)
+        assert not store.breaker.is_open and not store.holds("b" * 64) and store.holds("a" * 64)
+        raw.delete(*raw.keys(f"kvrag:{{{'b' * 64}}}:f:*"))
+        _put_raw(store, "c" * 64, small[:1000])  # the server still takes what fits
+        assert store.holds("c" * 64)
+    finally:
+        server.stop()
+
+
+def test_a_write_after_a_redis_restart_takes_a_fresh_connection(tmp_path):
+    server = RedisServer(tmp_path / "restart").start()
+    try:
+        store = open_store(server.url)
+        _put_raw(store, "a" * 64, b"x" * 3_000_000)
+        server.stop()
+        server.start()  # same port: the pooled connection is stale
+        _put_raw(store, "b" * 64, b"y" * 3_000_000)
+        assert store.holds("b" * 64) and not store.breaker.is_open
     finally:
         server.stop()

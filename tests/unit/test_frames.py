@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvrag import IntegrityError
+from kvrag.stores.redis.client import _chunking
 from kvrag.stores.redis.frames import assemble, make_frame_table, parse_frame_table, split
 
 PAYLOAD = bytes(range(256)) * 40
@@ -78,3 +79,25 @@ def test_damaged_frames(data):
     except IntegrityError:
         return
     assert result is None or hashlib.sha256(result).hexdigest() == RECORD.payload_sha256
+
+
+def test_a_frame_table_lists_the_manifests_digests_where_given_and_digests_the_frames_otherwise():
+    digests = [hashlib.sha256(bytes(frame)).hexdigest() for frame in FRAMES]
+    assert list(RECORD.frames) == digests
+    listed = ["ab" * 32] * len(FRAMES)
+    assert list(make_frame_table(b"{}", PAYLOAD, 1000, listed)[0].frames) == listed
+    assert list(make_frame_table(b"{}", PAYLOAD, 1000, listed[:-1])[0].frames) == digests  # another count
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(json_values, st.fixed_dictionaries({"payload_chunk_bytes": json_values, "payload_chunks": json_values}),
+                 st.fixed_dictionaries({"payload_chunk_bytes": st.integers(-5, 1 << 31),
+                                        "payload_chunks": st.lists(st.sampled_from(["ab" * 32, "AB" * 32, "ab", 7]))})))
+def test_a_writer_takes_a_manifests_chunking_only_where_well_formed(fields):
+    size, digests = _chunking(json.dumps(fields).encode(), 777)
+    declared = fields.get("payload_chunk_bytes") if isinstance(fields, dict) else None
+    if isinstance(declared, int) and not isinstance(declared, bool) and 1 <= declared <= 1 << 30:
+        assert size == declared
+    else:
+        assert (size, digests) == (777, None)
+    assert digests is None or (digests == fields["payload_chunks"] and all(d == "ab" * 32 for d in digests))

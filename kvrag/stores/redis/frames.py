@@ -69,14 +69,18 @@ class FrameTable(BaseModel):
             raise IntegrityError(f"state {key[:12]}: its frame table does not list the manifest's chunks")
 
 
-def make_frame_table(manifest: bytes, payload: bytes | memoryview, frame_bytes: int = DEFAULT_FRAME_BYTES) -> tuple[FrameTable, list[memoryview]]:
+def make_frame_table(manifest: bytes, payload: bytes | memoryview, frame_bytes: int = DEFAULT_FRAME_BYTES,
+                     digests: Sequence[str] | None = None) -> tuple[FrameTable, list[memoryview]]:
+    """The frame table of `payload` cut in `frame_bytes` frames, and the frames. `digests`: the
+    frames' SHA-256 digests as the signed manifest lists them (its chunks are the frames), not
+    computed again: a reader checks each frame against the manifest's list anyway."""
     frames = split(payload, frame_bytes)
     frame_table = FrameTable(
         manifest=manifest.decode(),
         payload_sha256=hashlib.sha256(payload).hexdigest(),
         payload_bytes=len(payload),
         frame_bytes=frame_bytes,
-        frames=chunk_digests(payload, frame_bytes),
+        frames=list(digests) if digests is not None and len(digests) == len(frames) else chunk_digests(payload, frame_bytes),
     )
     return frame_table, frames
 

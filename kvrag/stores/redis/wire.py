@@ -31,6 +31,11 @@ _UNAVAILABLE = (b"-LOADING", b"-NOAUTH", b"-BUSY", b"-TRYAGAIN", b"-CLUSTERDOWN"
                 b"-WRONGPASS", b"-NOPERM")
 
 
+class RefusedError(StoreError):
+    """The server answered a command with an error (out of memory, read-only, not allowed): it is
+    up, the command was not done."""
+
+
 def _command(*parts: str) -> bytes:
     """One Redis command in RESP: an array of bulk strings."""
     encoded = [p.encode() for p in parts]
@@ -38,7 +43,8 @@ def _command(*parts: str) -> bytes:
 
 
 class FrameConnection:
-    """One connection of our own to one Redis server, used only to read frames."""
+    """One connection of our own to one Redis server, used only for frames: read into place, and
+    written from where they lie."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -109,6 +115,27 @@ class FrameConnection:
             self.sock.sendall(b"".join(_command("GET", name) for name in names))
         except OSError as e:
             raise StoreError(f"asking for a frame failed: {type(e).__name__}: {e}") from e
+
+    def set_many(self, items: Sequence[tuple[str, memoryview]], ttl: int | None = None) -> None:
+        """`SET name value [EX ttl]` for each item, pipelined, each value sent from where it lies
+        (never copied into a command buffer); every reply must be `+OK` (a moved slot raises
+        `RedirectError`)."""
+        tail = b"\r\n" + (b"$2\r\nEX\r\n$%d\r\n%d\r\n" % (len(str(ttl)), ttl) if ttl else b"")
+        try:
+            for name, value in items:
+                key = name.encode()
+                self.sock.sendall(b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (5 if ttl else 3, len(key), key,
+                                                                                  len(value)))
+                self.sock.sendall(value)
+                self.sock.sendall(tail)
+            for _ in items:
+                line = self._line()
+                if line.startswith((b"-MOVED ", b"-ASK ")):
+                    raise RedirectError(f"Redis redirected the write: {line[1:300].decode(errors='replace')}")
+                if line != b"+OK":
+                    raise RefusedError(f"Redis refused a frame: {line[:300].decode(errors='replace')}")
+        except OSError as e:
+            raise StoreError(f"writing a frame failed: {type(e).__name__}: {e}") from e
 
     def reply_into(self, target: memoryview | Sequence[memoryview]) -> bool:
         """The next `GET` reply into `target` (a byte view, or byte views filled in order); False for a
