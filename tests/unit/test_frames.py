@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvrag import IntegrityError
-from kvrag.stores.redis.client import _chunking
 from kvrag.stores.redis.frames import assemble, make_frame_table, parse_frame_table, split
+from kvrag.stores.redis.writes import _chunking
 
 PAYLOAD = bytes(range(256)) * 40
 RECORD, FRAMES = make_frame_table(b'{"manifest": true}', PAYLOAD, frame_bytes=1000)

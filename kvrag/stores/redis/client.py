@@ -8,7 +8,6 @@ miss in this tier: the next tier or a text re-prefill answers instead.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -16,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, Callable, Iterator
 
-from kvrag.artifacts.digests import stored_form
 from kvrag.artifacts.format import parse_manifest
 from kvrag.errors import (
     RedirectError,
@@ -33,9 +31,10 @@ from kvrag.stores.base import (
 )
 from kvrag.stores.deadline import Breaker
 from kvrag.stores.outages import answered, public_url
-from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameTable, make_frame_table, parse_frame_table
+from kvrag.stores.redis.frames import DEFAULT_FRAME_BYTES, Assembler, FrameTable, parse_frame_table
 from kvrag.stores.redis.runs import RunReads
-from kvrag.stores.redis.wire import FramePool, RefusedError
+from kvrag.stores.redis.wire import FramePool
+from kvrag.stores.redis.writes import FrameWrites
 
 __all__ = ["RedisStore"]
 
@@ -53,7 +52,6 @@ def _lanes() -> ThreadPoolExecutor:
 
 
 _STATE_FROM_KEY = re.compile(r"\{([0-9a-f]{64})\}")
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 @lru_cache(maxsize=1)
@@ -75,7 +73,7 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
             redis.exceptions.ClusterError, OSError)
 
 
-class RedisStore(RunReads, StateStore, BlobStore):
+class RedisStore(RunReads, FrameWrites, StateStore, BlobStore):
     """A tier on one Redis server or a Redis Cluster. The client is created on first use."""
 
     def __init__(
@@ -268,56 +266,6 @@ class RedisStore(RunReads, StateStore, BlobStore):
         keys = self._fkeys(key, frame_table)  # one slot (the {key} hash tag): one EXISTS, one round trip
         return not keys or self._call("EXISTS", lambda: self.client.exists(*keys)) == len(keys)
 
-    def put(self, key: str, manifest: bytes, payload: Any) -> None:
-        # One frame per chunk of the manifest, so a reader checks frames against the signed chunk digests.
-        payload = stored_form(payload)  # a sealed state promoted here: its stored bytes, never its plaintext
-        frame_table, frames = make_frame_table(manifest, payload, *_chunking(manifest, self.frame_bytes))
-        keys = self._fkeys(key, frame_table)
-
-        def write() -> None:
-            if self.frame_pool is None or not self._write_direct(keys, frames):
-                pipe = self.client.pipeline(transaction=False)
-                for name, frame in zip(keys, frames):
-                    pipe.set(name, frame.tobytes() if len(frames) > 1 else bytes(frame), ex=self.ttl)
-                pipe.execute()
-            # The frame table last: a reader never finds a frame table whose frames are not all written.
-            self.client.set(self._mkey(key), frame_table.model_dump_json(), ex=self.ttl)
-
-        self._call("SET", write)
-
-    def _write_direct(self, names: list[str], frames: list[memoryview]) -> bool:
-        """The frames written over a connection of our own to the node that holds them, each sent
-        from where it lies; False where the slot moved (redis-py writes them, and follows it)."""
-        assert self.frame_pool is not None
-        if not names:
-            return True
-        pool = self.frame_pool
-        host, port = self._node_of(names[0])
-        connection, healthy = pool.take(host, port), False
-        try:
-            try:
-                connection.set_many(list(zip(names, frames)), self.ttl)
-            except RedirectError:
-                raise
-            except StoreError:
-                if not connection.reused:
-                    raise
-                # a pooled connection the server closed since (a restart): one fresh one, once
-                connection.close()
-                connection = pool.connect(host, port)
-                connection.set_many(list(zip(names, frames)), self.ttl)
-            healthy = True
-            return True
-        except RedirectError:
-            return False
-        except RefusedError as e:
-            raise StoreError(f"SET frames failed on {public_url(self.url)}: {e}") from e
-        except StoreError as e:
-            self.breaker.trip(f"{e} at {time.strftime('%H:%M:%S')}")
-            raise StoreUnavailableError(str(e), tier=self.url) from e
-        finally:
-            (pool.give(host, port, connection) if healthy else connection.close())
-
     def delete(self, key: str) -> None:
         frame_table = self.get_frame_table(key)
 
@@ -398,18 +346,3 @@ class RedisStore(RunReads, StateStore, BlobStore):
             except _redis_errors():
                 pass
             self._client = None
-
-
-def _chunking(manifest: bytes, default: int) -> tuple[int, list[str] | None]:
-    """The chunk size a manifest declares (frames are its chunks) and its chunks' digests, where it
-    declares both well formed; else `default` and None (the frames are digested here)."""
-    try:
-        fields = json.loads(manifest)
-        size, digests = fields.get("payload_chunk_bytes"), fields.get("payload_chunks")
-    except (ValueError, AttributeError, RecursionError):
-        return default, None
-    if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 1 << 30):
-        return default, None
-    if not (isinstance(digests, list) and all(isinstance(d, str) and _DIGEST.fullmatch(d) for d in digests)):
-        return size, None
-    return size, digests
