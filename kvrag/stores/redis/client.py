@@ -217,18 +217,8 @@ class RedisStore(RunReads, FrameWrites, StateStore, BlobStore):
             healthy = False
             try:
                 for index in range(start, len(keys), lanes):
-                    try:
-                        found = connection.get_into(keys[index], assembler.slot(index))
-                    except RedirectError:
-                        raise
-                    except StoreError:
-                        if not connection.reused:
-                            raise
-                        # a pooled connection the server closed since (a restart): one fresh one, once
-                        connection.close()
-                        connection = pool.connect(host, port)
-                        found = connection.get_into(keys[index], assembler.slot(index))
-                    connection.reused = False
+                    connection, found = pool.retried(host, port, connection,
+                                                     lambda c: c.get_into(keys[index], assembler.slot(index)))
                     if not found:
                         healthy = True
                         return False

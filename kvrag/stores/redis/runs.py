@@ -30,7 +30,7 @@ from kvrag.stores.base import UNTRUSTED_PARSE_ERRORS, Receive
 from kvrag.stores.deadline import Deadline
 from kvrag.stores.outages import answered, public_url
 from kvrag.stores.redis.frames import FrameTable, parse_frame_table
-from kvrag.stores.redis.wire import FrameConnection, FramePool
+from kvrag.stores.redis.wire import FramePool
 
 __all__ = ["RunReads"]
 
@@ -191,7 +191,7 @@ class RunReads:
         arrived, error, healthy = 0, None, False  # arrived: states whose every frame arrived
         try:
             asked = min(_AHEAD, len(frames))
-            connection = _asked(frame_pool, host, port, connection, [name for _, _, name, _ in frames[:asked]])
+            connection, _ = frame_pool.retried(host, port, connection, lambda c: c.ask(*(f[2] for f in frames[:asked])))
             for at, (state, index, _, pieces) in enumerate(frames):
                 if asked < len(frames):
                     connection.ask(frames[asked][2])
@@ -240,17 +240,3 @@ def _check_inline() -> bool:
     """Whether a run's frames are checked in the reading thread as each lands (still in cache): on
     two cores or fewer, hashing threads would only take turns with the reader and the server."""
     return len(os.sched_getaffinity(0)) <= 2
-
-
-def _asked(pool: FramePool, host: str, port: int, connection: FrameConnection, names: list[str]) -> FrameConnection:
-    """`names` asked for on `connection`, or on a fresh one if the server closed a pooled one
-    since (a restart): the connection that asked."""
-    try:
-        connection.ask(*names)
-    except StoreError:
-        if not connection.reused:
-            raise
-        connection.close()
-        connection = pool.connect(host, port)
-        connection.ask(*names)
-    return connection

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from kvrag.errors import IntegrityError, RedirectError, StoreError
 
@@ -29,6 +29,9 @@ _MAX_ERROR = 4096  # an error reply line ("-MOVED 1234 a-long-host-name:6379", "
 #: an outage the breaker counts, never a verdict on the stored bytes
 _UNAVAILABLE = (b"-LOADING", b"-NOAUTH", b"-BUSY", b"-TRYAGAIN", b"-CLUSTERDOWN", b"-MASTERDOWN", b"-READONLY",
                 b"-WRONGPASS", b"-NOPERM")
+
+
+T = TypeVar("T")
 
 
 class RefusedError(StoreError):
@@ -206,6 +209,24 @@ class FramePool:
 
     def connect(self, host: str, port: int) -> FrameConnection:
         return FrameConnection.connect(host, port, **self.options)
+
+    def retried(self, host: str, port: int, connection: FrameConnection,
+                use: Callable[[FrameConnection], T]) -> tuple[FrameConnection, T]:
+        """`use(connection)`; if it fails on a pooled connection the server closed since (a
+        restart), `use` on one fresh connection, once. The connection used, and what `use` gave.
+        An answer from the server (a redirection, a refusal) is never retried."""
+        try:
+            result = use(connection)
+        except (RedirectError, RefusedError):
+            raise
+        except StoreError:
+            if not connection.reused:
+                raise
+            connection.close()
+            connection = self.connect(host, port)
+            result = use(connection)
+        connection.reused = False
+        return connection, result
 
     def give(self, host: str, port: int, connection: FrameConnection) -> None:
         with self._lock:

@@ -59,18 +59,9 @@ class FrameWrites:
         pool = self.frame_pool
         host, port = self._node_of(names[0])
         connection, healthy = pool.take(host, port), False
+        items = list(zip(names, frames))
         try:
-            try:
-                connection.set_many(list(zip(names, frames)), self.ttl)
-            except RedirectError:
-                raise
-            except StoreError:
-                if not connection.reused:
-                    raise
-                # a pooled connection the server closed since (a restart): one fresh one, once
-                connection.close()
-                connection = pool.connect(host, port)
-                connection.set_many(list(zip(names, frames)), self.ttl)
+            connection, _ = pool.retried(host, port, connection, lambda c: c.set_many(items, self.ttl))
             healthy = True
             return True
         except RedirectError:
